@@ -1,0 +1,3 @@
+from otel_plumb.cli.main import main
+
+main()

@@ -1,0 +1,177 @@
+"""Order the normalised spans of one trace or session into a trajectory of steps."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from otel_plumb.model.trajectory import NormalisedSpan, RequestedCall, Step, Trajectory
+
+
+def build_trajectory(
+    key: str,
+    spans: Iterable[NormalisedSpan],
+    *,
+    complete: bool = True,
+    incomplete_reason: str | None = None,
+    session_id: str | None = None,
+) -> Trajectory:
+    spans = list(spans)
+    by_id = {s.span_id: s for s in spans}
+    depth = _depths(spans, by_id)
+    # Parents start no later than their children; ties are broken by depth so a parent
+    # always precedes its child, then by end time and id for a stable order.
+    spans.sort(key=lambda s: (s.start_ns, depth[s.span_id], s.end_ns, s.span_id))
+
+    tops = [s for s in spans if s.parent_span_id is None or s.parent_span_id not in by_id]
+    problems = [p for s in spans for p in s.problems]
+    root = _root(tops)
+    if root is None and complete:
+        complete, incomplete_reason = False, "no_root"
+    if root is not None and root.parent_span_id is not None:
+        problems.append(f"root span {root.span_id} has a parent {root.parent_span_id} not in the trace")
+
+    drafts: list[tuple[tuple[int, int, int, str], Step]] = []
+    has_tool_spans = any(s.kind == "tool" for s in spans)
+    tool_steps_by_call_id: dict[str, Step] = {}
+    results_by_call_id: dict[str, object] = {}
+    for s in spans:
+        results_by_call_id.update(s.tool_results)
+    for s in spans:
+        step = _span_step(s)
+        drafts.append(((s.start_ns, depth[s.span_id], s.end_ns, s.span_id), step))
+        if step.kind == "tool" and step.tool_call_id:
+            tool_steps_by_call_id[step.tool_call_id] = step
+
+    # Tool calls the model requested: matched to tool spans by tool-call id (never doubled),
+    # else, when the trace has no tool spans at all, they become steps of their own.
+    for s in spans:
+        for n, call in enumerate(s.requested_calls):
+            matched = tool_steps_by_call_id.get(call.tool_call_id or "")
+            if matched is not None:
+                if matched.args_status != "captured" and call.args_status == "captured":
+                    matched.args, matched.args_status, matched.args_source = call.args, "captured", "llm_output"
+                continue
+            if has_tool_spans:
+                problems.append(f"tool call {call.name!r} requested in span {s.span_id} has no tool span")
+                continue
+            step = _requested_step(s, call, results_by_call_id)
+            drafts.append(((s.end_ns, depth[s.span_id] + 1, n, s.span_id), step))
+
+    drafts.sort(key=lambda d: d[0])
+    steps = [step for _, step in drafts]
+    _assign_agents(steps, by_id)
+    for i, step in enumerate(steps):
+        step.index = i
+
+    attributes: dict[str, object] = {}
+    ordered = ([root] if root is not None else []) + [s for s in spans if s is not root]
+    for s in ordered:
+        for k, v in s.attributes.items():
+            attributes.setdefault(k, v)
+    trace_ids = list(dict.fromkeys(s.trace_id for s in spans))
+    agent_steps = [st for st in steps if st.kind == "agent"]
+    agent = agent_steps[0].name if agent_steps else next((st.agent for st in steps if st.agent), None)
+    service = attributes.get("service.name")
+    return Trajectory(
+        key=key,
+        trace_ids=trace_ids,
+        steps=steps,
+        complete=complete,
+        incomplete_reason=None if complete else incomplete_reason,
+        root_span_id=root.span_id if root is not None else None,
+        service=str(service) if service is not None else None,
+        agent=agent,
+        session_id=session_id or next((s.session_id for s in spans if s.session_id), None),
+        start_ns=min((s.start_ns for s in spans), default=0),
+        end_ns=max((s.end_ns for s in spans), default=0),
+        span_count=len(spans),
+        attributes=attributes,
+        problems=problems,
+    )
+
+
+def _depths(spans: list[NormalisedSpan], by_id: dict[str, NormalisedSpan]) -> dict[str, int]:
+    depth: dict[str, int] = {}
+    for s in spans:
+        chain = []
+        cur: NormalisedSpan | None = s
+        while cur is not None and cur.span_id not in depth and len(chain) <= len(by_id):
+            chain.append(cur)
+            cur = by_id.get(cur.parent_span_id) if cur.parent_span_id else None
+        base = depth[cur.span_id] if cur is not None and cur.span_id in depth else -1
+        for c in reversed(chain):
+            base += 1
+            depth[c.span_id] = base
+    return depth
+
+
+def _root(tops: list[NormalisedSpan]) -> NormalisedSpan | None:
+    """The trace's root: its parentless span, or a single top span whose parent is remote."""
+    parentless = [s for s in tops if s.parent_span_id is None]
+    if len(parentless) == 1:
+        return parentless[0]
+    if not parentless and len(tops) == 1:
+        return tops[0]
+    return None
+
+
+def _span_step(s: NormalisedSpan) -> Step:
+    return Step(
+        index=0,
+        kind=s.kind,
+        name=s.name,
+        span_id=s.span_id,
+        parent_span_id=s.parent_span_id,
+        trace_id=s.trace_id,
+        start_ns=s.start_ns,
+        end_ns=s.end_ns,
+        convention=s.convention,
+        args=s.args,
+        args_status=s.args_status,
+        args_source=s.args_source,
+        result=s.result,
+        result_status=s.result_status,
+        error=s.error,
+        agent=s.agent,
+        tool_call_id=s.tool_call_id,
+        tokens=s.tokens,
+    )
+
+
+def _requested_step(s: NormalisedSpan, call: RequestedCall, results: dict[str, object]) -> Step:
+    has_result = call.tool_call_id is not None and call.tool_call_id in results
+    return Step(
+        index=0,
+        kind="tool",
+        name=call.name,
+        span_id=s.span_id,
+        parent_span_id=s.span_id,
+        trace_id=s.trace_id,
+        start_ns=s.end_ns,
+        end_ns=s.end_ns,
+        convention=s.convention,
+        source="llm_output",
+        args=call.args,
+        args_status=call.args_status,
+        args_source="llm_output",
+        result=results.get(call.tool_call_id) if has_result and call.tool_call_id else None,
+        result_status="captured" if has_result else "absent",
+        agent=s.agent,
+        tool_call_id=call.tool_call_id,
+    )
+
+
+def _assign_agents(steps: list[Step], by_id: dict[str, NormalisedSpan]) -> None:
+    """A step without an agent name inherits the nearest enclosing agent span's name."""
+    agent_of_span = {st.span_id: st.name for st in steps if st.kind == "agent" and st.source == "span"}
+    for st in steps:
+        if st.agent:
+            continue
+        cur = by_id.get(st.parent_span_id) if st.parent_span_id else None
+        seen = 0
+        while cur is not None and seen <= len(by_id):
+            if cur.span_id in agent_of_span:
+                st.agent = agent_of_span[cur.span_id]
+                break
+            cur = by_id.get(cur.parent_span_id) if cur.parent_span_id else None
+            seen += 1

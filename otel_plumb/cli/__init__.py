@@ -1,0 +1,1 @@
+"""The ``otel-plumb`` command line. Each command lives in its own module, imported on use."""

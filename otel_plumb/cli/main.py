@@ -1,0 +1,56 @@
+"""Entry point. Commands are imported lazily so ``otel-plumb gate`` does not pay for gRPC.
+
+Exit codes everywhere: 0 ok, 1 a check or gate failed, 2 the run itself could not be done.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+# command name -> "module:attribute" of a click command or group
+COMMANDS: dict[str, str] = {
+    "replay": "otel_plumb.cli.replay:replay",
+    "coverage": "otel_plumb.cli.replay:coverage",
+    "check-policy": "otel_plumb.cli.policy:check_policy",
+    "gate": "otel_plumb.cli.gate:gate",
+    "run": "otel_plumb.cli.run:run",
+    "demo": "otel_plumb.cli.demo:demo",
+    "decision": "otel_plumb.cli.decision:decision",
+    "campaign": "otel_plumb.cli.campaign:campaign",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        command = getattr(importlib.import_module(module_name), attr)
+        assert isinstance(command, click.Command)
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="otel-plumb")
+def cli() -> None:
+    """Check LLM agent trajectories, built from OpenTelemetry traces, against declared invariants."""
+
+
+def main() -> None:
+    try:
+        cli.main(prog_name="otel-plumb", standalone_mode=True)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+class RunError(click.ClickException):
+    """The run itself could not be done (bad input, bad config): exit code 2."""
+
+    exit_code = 2

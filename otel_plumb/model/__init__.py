@@ -1,0 +1,27 @@
+"""The data every stage shares: spans as received, normalised spans, steps and trajectories.
+
+Plain classes with ``__slots__``: these are on the hot path and never validated by pydantic.
+"""
+
+from otel_plumb.model.span import SpanEvent, SpanRecord
+from otel_plumb.model.trajectory import (
+    RESERVED_PREFIX,
+    CaptureStatus,
+    NormalisedSpan,
+    RequestedCall,
+    Step,
+    StepKind,
+    Trajectory,
+)
+
+__all__ = [
+    "RESERVED_PREFIX",
+    "CaptureStatus",
+    "NormalisedSpan",
+    "RequestedCall",
+    "SpanEvent",
+    "SpanRecord",
+    "Step",
+    "StepKind",
+    "Trajectory",
+]

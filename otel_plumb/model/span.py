@@ -1,0 +1,82 @@
+"""A span as received, whatever the input format (OTLP protobuf, OTLP/JSON, Jaeger JSON)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# OTLP Span.SpanKind and Status.StatusCode numbers, kept as ints (as on the wire).
+SPAN_KIND_NAMES = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
+STATUS_UNSET, STATUS_OK, STATUS_ERROR = 0, 1, 2
+
+
+class SpanEvent:
+    __slots__ = ("attributes", "name", "time_ns")
+
+    def __init__(self, name: str, time_ns: int, attributes: dict[str, Any]) -> None:
+        self.name = name
+        self.time_ns = time_ns
+        self.attributes = attributes
+
+    def __repr__(self) -> str:
+        return f"SpanEvent({self.name!r}, {self.time_ns}, {self.attributes!r})"
+
+
+class SpanRecord:
+    """One span. Ids are lowercase hex; attribute values are plain Python values
+    (str, int, float, bool, bytes, list, dict), decoded from OTLP ``AnyValue``."""
+
+    __slots__ = (
+        "attributes",
+        "end_ns",
+        "events",
+        "kind",
+        "name",
+        "parent_span_id",
+        "resource",
+        "scope_name",
+        "span_id",
+        "start_ns",
+        "status_code",
+        "status_message",
+        "trace_id",
+    )
+
+    def __init__(
+        self,
+        trace_id: str,
+        span_id: str,
+        parent_span_id: str | None,
+        name: str,
+        *,
+        kind: int = 0,
+        start_ns: int = 0,
+        end_ns: int = 0,
+        status_code: int = STATUS_UNSET,
+        status_message: str = "",
+        attributes: dict[str, Any] | None = None,
+        events: list[SpanEvent] | None = None,
+        resource: Mapping[str, Any] | None = None,
+        scope_name: str = "",
+    ) -> None:
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.parent_span_id = parent_span_id or None
+        self.name = name
+        self.kind = kind
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.status_code = status_code
+        self.status_message = status_message
+        self.attributes = attributes if attributes is not None else {}
+        self.events = events if events is not None else []
+        # Shared by all spans of one ResourceSpans: never mutate.
+        self.resource: Mapping[str, Any] = resource if resource is not None else {}
+        self.scope_name = scope_name
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent_span_id is None
+
+    def __repr__(self) -> str:
+        return f"SpanRecord({self.name!r}, trace={self.trace_id}, span={self.span_id})"

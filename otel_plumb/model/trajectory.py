@@ -1,0 +1,159 @@
+"""Normalised spans, steps and trajectories (SPEC section 2).
+
+A trajectory is the ordered list of steps of one trace (or of one session's traces). Every
+span becomes a step, in one index space; checks look at the tool steps but report the
+global index so a violation can be found in the trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+StepKind = Literal["tool", "llm", "agent", "other"]
+
+# Why a value is or is not available: "captured" (decoded), "absent" (the instrumentation
+# recorded nothing), "redacted" (a placeholder such as "<REDACTED>"), "undecodable" (present but
+# not parseable; kept as the raw string). Only "captured" values are data.
+CaptureStatus = Literal["captured", "absent", "redacted", "undecodable"]
+
+# Attributes reserved for campaigns and ground truth; kept on the trajectory from the start.
+RESERVED_PREFIX = "plumb."
+CASE_ID, VARIANT_ID, TRIAL_ID, ARM = "plumb.case.id", "plumb.variant.id", "plumb.trial.id", "plumb.arm"
+CONTEXT_PREFIX = "plumb.context."
+
+
+@dataclass(slots=True)
+class RequestedCall:
+    """A tool call the model asked for in its output messages (e.g. ``llm.output_messages.*``)."""
+
+    name: str
+    args: Any
+    args_status: CaptureStatus
+    tool_call_id: str | None = None
+
+
+@dataclass(slots=True)
+class NormalisedSpan:
+    """What the normaliser read from one span: the stage between spans and steps.
+
+    Compact on purpose: replay keeps these, not the raw spans, until a trace is assembled.
+    """
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    span_name: str
+    start_ns: int
+    end_ns: int
+    kind: StepKind
+    name: str
+    convention: str
+    args: Any = None
+    args_status: CaptureStatus = "absent"
+    args_source: str | None = None
+    result: Any = None
+    result_status: CaptureStatus = "absent"
+    error: str | None = None
+    agent: str | None = None
+    tool_call_id: str | None = None
+    tokens: int | None = None
+    session_id: str | None = None
+    requested_calls: list[RequestedCall] = field(default_factory=list)
+    # Tool results the model was given back in this span's input messages, by tool-call id.
+    tool_results: dict[str, Any] = field(default_factory=dict)
+    # Short scalar attributes of the span (and its resource): task keys, plumb.* ground truth,
+    # service.name. Long payloads are left out to keep buffers small.
+    attributes: dict[str, Any] = field(default_factory=dict)
+    # Values present but not understood, as "attribute: reason" lines for coverage.
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent_span_id is None
+
+
+@dataclass(slots=True)
+class Step:
+    index: int
+    kind: StepKind
+    name: str
+    span_id: str
+    parent_span_id: str | None
+    trace_id: str
+    start_ns: int
+    end_ns: int
+    convention: str
+    # "span": the step is the span itself; "llm_output": a tool call requested in a model's
+    # output with no tool span of its own (span_id is then the model call's span).
+    source: Literal["span", "llm_output"] = "span"
+    args: Any = None
+    args_status: CaptureStatus = "absent"
+    args_source: str | None = None
+    result: Any = None
+    result_status: CaptureStatus = "absent"
+    error: str | None = None
+    agent: str | None = None
+    tool_call_id: str | None = None
+    tokens: int | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        """A failed call did not happen."""
+        return self.error is None
+
+    @property
+    def duration_ms(self) -> float:
+        return max(0, self.end_ns - self.start_ns) / 1e6
+
+
+@dataclass(slots=True)
+class Trajectory:
+    key: str
+    trace_ids: list[str]
+    steps: list[Step]
+    complete: bool = True
+    # Why the trajectory is incomplete: "max_wait", "evicted", "span_limit", "no_root", "shutdown".
+    incomplete_reason: str | None = None
+    root_span_id: str | None = None
+    service: str | None = None
+    agent: str | None = None
+    session_id: str | None = None
+    start_ns: int = 0
+    end_ns: int = 0
+    span_count: int = 0
+    attributes: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def trace_id(self) -> str:
+        return self.trace_ids[0] if self.trace_ids else ""
+
+    @property
+    def tool_steps(self) -> list[Step]:
+        return [s for s in self.steps if s.kind == "tool"]
+
+    @property
+    def case_id(self) -> str | None:
+        return _str_or_none(self.attributes.get(CASE_ID))
+
+    @property
+    def variant_id(self) -> str | None:
+        return _str_or_none(self.attributes.get(VARIANT_ID))
+
+    @property
+    def trial_id(self) -> str | None:
+        return _str_or_none(self.attributes.get(TRIAL_ID))
+
+    @property
+    def arm(self) -> str | None:
+        return _str_or_none(self.attributes.get(ARM))
+
+    def context(self, prefix: str = CONTEXT_PREFIX) -> dict[str, Any]:
+        """Ground truth carried on the spans as ``<prefix><key>`` attributes."""
+        n = len(prefix)
+        return {k[n:]: v for k, v in self.attributes.items() if k.startswith(prefix)}
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)

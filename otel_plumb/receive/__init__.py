@@ -1,0 +1,1 @@
+"""Receive stage: everything that turns bytes (network requests, trace files) into SpanRecords."""

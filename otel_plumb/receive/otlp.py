@@ -1,0 +1,88 @@
+"""OTLP protobuf messages -> SpanRecord. Shared by the network receivers and the file readers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
+
+from otel_plumb.model.span import SpanEvent, SpanRecord
+
+
+def any_value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [any_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return attributes(value.kvlist_value.values)
+    return getattr(value, kind)
+
+
+def attributes(kvs: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in kvs:
+        out[kv.key] = any_value(kv.value)
+    return out
+
+
+def span_record(span: Span, resource: dict[str, Any], scope_name: str) -> SpanRecord:
+    return SpanRecord(
+        span.trace_id.hex(),
+        span.span_id.hex(),
+        span.parent_span_id.hex() or None,
+        span.name,
+        kind=span.kind,
+        start_ns=span.start_time_unix_nano,
+        end_ns=span.end_time_unix_nano,
+        status_code=span.status.code,
+        status_message=span.status.message,
+        attributes=attributes(span.attributes),
+        events=[SpanEvent(e.name, e.time_unix_nano, attributes(e.attributes)) for e in span.events],
+        resource=resource,
+        scope_name=scope_name,
+    )
+
+
+def resource_spans_records(rs: ResourceSpans) -> Iterator[tuple[SpanRecord, Span]]:
+    """Each span of one ResourceSpans with its proto message (the live processor forwards the latter)."""
+    resource = attributes(rs.resource.attributes)
+    for ss in rs.scope_spans:
+        scope_name = ss.scope.name
+        for span in ss.spans:
+            yield span_record(span, resource, scope_name), span
+
+
+def request_records(request: ExportTraceServiceRequest) -> Iterator[SpanRecord]:
+    for rs in request.resource_spans:
+        for record, _ in resource_spans_records(rs):
+            yield record
+
+
+def to_key_values(values: dict[str, Any]) -> list[KeyValue]:
+    """Plain Python values -> OTLP KeyValues (for annotations and generated spans)."""
+    return [KeyValue(key=k, value=to_any_value(v)) for k, v in values.items()]
+
+
+def to_any_value(v: Any) -> AnyValue:
+    if isinstance(v, bool):
+        return AnyValue(bool_value=v)
+    if isinstance(v, int):
+        return AnyValue(int_value=v)
+    if isinstance(v, float):
+        return AnyValue(double_value=v)
+    if isinstance(v, bytes):
+        return AnyValue(bytes_value=v)
+    if isinstance(v, (list, tuple)):
+        out = AnyValue()
+        out.array_value.values.extend(to_any_value(x) for x in v)
+        return out
+    if isinstance(v, dict):
+        out = AnyValue()
+        out.kvlist_value.values.extend(to_key_values(v))
+        return out
+    return AnyValue(string_value="" if v is None else str(v))
