@@ -93,7 +93,7 @@ def build_trajectory(
 def _depths(spans: list[NormalisedSpan], by_id: dict[str, NormalisedSpan]) -> dict[str, int]:
     depth: dict[str, int] = {}
     for s in spans:
-        chain = []
+        chain: list[NormalisedSpan] = []
         cur: NormalisedSpan | None = s
         while cur is not None and cur.span_id not in depth and len(chain) <= len(by_id):
             chain.append(cur)

@@ -13,15 +13,31 @@ from otel_plumb.model.trajectory import (
     StepKind,
     Trajectory,
 )
+from otel_plumb.model.verdict import (
+    SEVERITIES,
+    Severity,
+    TrajectoryStatus,
+    Verdict,
+    VerdictValue,
+    severity_at_least,
+    trajectory_status,
+)
 
 __all__ = [
     "RESERVED_PREFIX",
+    "SEVERITIES",
     "CaptureStatus",
     "NormalisedSpan",
     "RequestedCall",
+    "Severity",
     "SpanEvent",
     "SpanRecord",
     "Step",
     "StepKind",
     "Trajectory",
+    "TrajectoryStatus",
+    "Verdict",
+    "VerdictValue",
+    "severity_at_least",
+    "trajectory_status",
 ]

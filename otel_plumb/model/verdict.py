@@ -1,0 +1,46 @@
+"""Verdicts: what a check says about one invariant on one trajectory (SPEC section 4)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from otel_plumb.model.trajectory import Trajectory
+
+VerdictValue = Literal["pass", "fail", "not_applicable", "indeterminate"]
+Severity = Literal["critical", "high", "medium", "low"]
+TrajectoryStatus = Literal["violating", "indeterminate", "conformant"]
+
+SEVERITIES: tuple[Severity, ...] = ("critical", "high", "medium", "low")
+
+
+@dataclass(slots=True)
+class Verdict:
+    invariant: str
+    policy: str
+    verdict: VerdictValue
+    severity: Severity
+    # Where a failure is localised: a step (index and span_id), or the trajectory (both None),
+    # e.g. for a call that never happened.
+    step_index: int | None = None
+    span_id: str | None = None
+    message: str = ""
+    expected: Any = None
+    got: Any = None
+
+
+def severity_at_least(severity: Severity, floor: Severity) -> bool:
+    """``critical`` is the highest; ``severity_at_least("high", "medium")`` is True."""
+    return SEVERITIES.index(severity) <= SEVERITIES.index(floor)
+
+
+def trajectory_status(trajectory: Trajectory, verdicts: Iterable[Verdict]) -> TrajectoryStatus:
+    """Violating if anything fails, else indeterminate if anything is indeterminate or the
+    trajectory is incomplete, else conformant. Missing data is never a pass."""
+    values = {v.verdict for v in verdicts}
+    if "fail" in values:
+        return "violating"
+    if "indeterminate" in values or not trajectory.complete:
+        return "indeterminate"
+    return "conformant"

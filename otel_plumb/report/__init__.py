@@ -1,0 +1,1 @@
+"""Report stage: trajectories and verdicts -> JSON records, reports (JSON/HTML/JUnit), coverage."""
