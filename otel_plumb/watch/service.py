@@ -1,0 +1,80 @@
+"""``otel_plumb.v1.VerdictService``: decided trajectories streamed to gRPC clients as they happen.
+
+The processor publishes trajectory records (``otel_plumb.report.records.trajectory_record``)
+to a :class:`VerdictHub`; each ``Watch`` call is one hub subscription with the request's filter.
+Records become ``otel_plumb.v1.Trajectory`` messages through the proto3 JSON mapping: the
+field names are the same, and free-form values (args, result, expected, got) become
+``google.protobuf.Value``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from otel_plumb.proto_gen import trajectory_pb2, watch_pb2, watch_pb2_grpc
+from otel_plumb.watch.hub import Record, VerdictHub
+
+STATUSES = frozenset({"conformant", "violating", "indeterminate"})
+
+
+def trajectory_message(record: Record) -> trajectory_pb2.Trajectory:
+    """A trajectory record as a ``Trajectory`` message. Fields the proto does not know yet
+    are left out rather than failing the stream."""
+    return json_format.ParseDict(record, trajectory_pb2.Trajectory(), ignore_unknown_fields=True)
+
+
+def record_filter(request: watch_pb2.WatchRequest) -> Callable[[Record], bool]:
+    """The request's filter: every non-empty list must match, any listed value matches."""
+    policies = frozenset(request.policies)
+    agents = frozenset(request.agents)
+    statuses = frozenset(request.statuses)
+
+    def accept(record: Record) -> bool:
+        if statuses and record.get("status") not in statuses:
+            return False
+        if agents and record.get("agent") not in agents:
+            return False
+        return not policies or not policies.isdisjoint(_record_policies(record))
+
+    return accept
+
+
+def _record_policies(record: Record) -> set[str]:
+    # A trajectory names the policies that applied; its verdicts name theirs too.
+    names = set(record.get("policies") or ())
+    names.update(v["policy"] for v in record.get("verdicts") or () if v.get("policy"))
+    return names
+
+
+class VerdictServicer(watch_pb2_grpc.VerdictServiceServicer):
+    def __init__(self, hub: VerdictHub) -> None:
+        self._hub = hub
+
+    async def Watch(
+        self, request: watch_pb2.WatchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[trajectory_pb2.Trajectory]:
+        unknown = sorted(set(request.statuses) - STATUSES)
+        if unknown:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"unknown status {', '.join(unknown)}; expected one of {', '.join(sorted(STATUSES))}",
+            )
+        subscription = self._hub.subscribe(record_filter(request))
+        try:
+            # Tells the client the subscription is in place: everything decided from now on is sent.
+            await context.send_initial_metadata(())
+            async for record in subscription:
+                yield trajectory_message(record)
+        finally:
+            subscription.close()
+
+
+def add_verdict_service(server: grpc.aio.Server, hub: VerdictHub) -> None:
+    """Serve ``otel_plumb.v1.VerdictService`` on ``server``, streaming what ``hub`` publishes."""
+    # The generated helper is untyped; this names its type.
+    add: Callable[[VerdictServicer, grpc.aio.Server], None] = watch_pb2_grpc.add_VerdictServiceServicer_to_server
+    add(VerdictServicer(hub), server)
