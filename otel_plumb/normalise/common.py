@@ -1,0 +1,223 @@
+"""What every convention reader shares: the base NormalisedSpan, errors, tokens, session ids,
+the short attributes kept for checks, and setting arguments/results from raw values."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from otel_plumb.model.span import STATUS_ERROR, SpanEvent, SpanRecord
+from otel_plumb.model.trajectory import NormalisedSpan
+from otel_plumb.normalise.values import decode
+
+# A convention reader fills in kind, name, convention, args, ... on a base NormalisedSpan.
+Reader = Callable[[SpanRecord, NormalisedSpan], None]
+
+MAX_ATTRIBUTE_CHARS = 256
+
+# Flattened message/prompt/tool-schema keys: many and long-lived, already read into fields.
+_FLATTENED_PREFIXES = (
+    "llm.input_messages.",
+    "llm.output_messages.",
+    "llm.tools.",
+    "llm.prompts.",
+    "llm.request.functions.",
+    "gen_ai.prompt.",
+    "gen_ai.completion.",
+    "ai.prompt",
+    "ai.response.",
+    "mlflow.span",
+    "langfuse.observation.input",
+    "langfuse.observation.output",
+    "logfire.json_schema",
+)
+
+# Attributes that carry the conversation/session key, in order of preference.
+SESSION_KEYS = (
+    "gen_ai.conversation.id",
+    "session.id",
+    "langfuse.session.id",
+    "gcp.vertex.agent.session_id",
+    "traceloop.association.properties.session_id",
+    "ai.telemetry.metadata.sessionId",
+    "ai.telemetry.metadata.session_id",
+    "langsmith.metadata.session_id",
+    "langsmith.metadata.thread_id",
+    "langsmith.metadata.conversation_id",
+    "mlflow.trace.session",
+    "thread.id",
+)
+
+# (input, output) token attribute pairs, newest convention first.
+_TOKEN_PAIRS = (
+    ("gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"),
+    ("gen_ai.usage.prompt_tokens", "gen_ai.usage.completion_tokens"),
+    ("llm.token_count.prompt", "llm.token_count.completion"),
+    ("ai.usage.promptTokens", "ai.usage.completionTokens"),
+    ("ai.usage.inputTokens", "ai.usage.outputTokens"),
+)
+_TOTAL_TOKEN_KEYS = ("gen_ai.usage.total_tokens", "llm.token_count.total", "llm.usage.total_tokens")
+
+
+def base(span: SpanRecord) -> NormalisedSpan:
+    return NormalisedSpan(
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        parent_span_id=span.parent_span_id,
+        span_name=span.name,
+        start_ns=span.start_ns,
+        end_ns=span.end_ns,
+        kind="other",
+        name=span.name,
+        convention="unknown",
+        attributes=short_attributes(span),
+    )
+
+
+def finish(span: SpanRecord, out: NormalisedSpan) -> None:
+    """Fields read the same way whatever the convention: errors, session, tokens."""
+    a = span.attributes
+    if out.error is None:
+        out.error = error_of(span)
+    if out.session_id is None:
+        for key in SESSION_KEYS:
+            value = a.get(key)
+            if value is not None and value != "":
+                out.session_id = str(value)
+                break
+    if out.kind == "llm" and out.tokens is None:
+        out.tokens = tokens_of(a)
+
+
+def error_of(span: SpanRecord) -> str | None:
+    """Span status ERROR, an ``error.type`` attribute or an ``exception`` event mean the call failed."""
+    a = span.attributes
+    exc = next((e for e in span.events if e.name == "exception"), None)
+    error_type = a.get("error.type")
+    if span.status_code != STATUS_ERROR and exc is None and not error_type:
+        return None
+    if span.status_message:
+        return span.status_message
+    if exc is not None:
+        message = exc.attributes.get("exception.message") or exc.attributes.get("exception.type")
+        if message:
+            return str(message)
+    return str(error_type) if error_type else "error"
+
+
+def tokens_of(a: Mapping[str, Any]) -> int | None:
+    for kin, kout in _TOKEN_PAIRS:
+        tin, tout = as_int(a.get(kin)), as_int(a.get(kout))
+        if tin is not None or tout is not None:
+            return (tin or 0) + (tout or 0)
+    for key in _TOTAL_TOKEN_KEYS:
+        total = as_int(a.get(key))
+        if total is not None:
+            return total
+    return None
+
+
+def as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value == value and abs(value) < 1e18:
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def as_str(value: Any) -> str | None:
+    if value is None or isinstance(value, (dict, list, bytes)):
+        return None
+    s = str(value)
+    return s or None
+
+
+# One-entry cache: the spans of one ResourceSpans share the resource mapping and arrive together.
+# Swapped as one tuple so concurrent callers never pair a resource with another's attributes.
+_resource_cache: tuple[Mapping[str, Any] | None, dict[str, Any]] = (None, {})
+
+
+def short_attributes(span: SpanRecord) -> dict[str, Any]:
+    global _resource_cache
+    resource = span.resource
+    cached_resource, kept = _resource_cache
+    if resource is not cached_resource:
+        kept = _short(resource)
+        _resource_cache = (resource, kept)
+    out = dict(kept)
+    out.update(_short(span.attributes))
+    return out
+
+
+def _short(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in attrs.items():
+        if isinstance(v, str):
+            if len(v) > MAX_ATTRIBUTE_CHARS:
+                continue
+        elif not isinstance(v, (int, float, bool)):
+            continue
+        if k.startswith(_FLATTENED_PREFIXES):
+            continue
+        out[k] = v
+    return out
+
+
+def set_args(out: NormalisedSpan, raw: Any, source: str) -> bool:
+    """Decode raw arguments onto ``out``. True when something was present (captured or not)."""
+    d = decode(raw)
+    if d.status == "absent":
+        return False
+    out.args_status = d.status
+    out.args_source = source
+    if d.status == "captured":
+        out.args = d.value
+    elif d.status == "undecodable":
+        out.problems.append(f"{source}: {d.reason}")
+    return True
+
+
+def set_result(out: NormalisedSpan, raw: Any, source: str) -> bool:
+    d = decode(raw)
+    if d.status == "absent":
+        return False
+    out.result_status = d.status
+    if d.status == "captured":
+        out.result = d.value
+    elif d.status == "undecodable":
+        out.problems.append(f"{source}: {d.reason}")
+    return True
+
+
+def set_first_args(out: NormalisedSpan, a: Mapping[str, Any], keys: tuple[str, ...]) -> bool:
+    return any(key in a and set_args(out, a[key], key) for key in keys)
+
+
+def set_first_result(out: NormalisedSpan, a: Mapping[str, Any], keys: tuple[str, ...]) -> bool:
+    return any(key in a and set_result(out, a[key], key) for key in keys)
+
+
+def first_str(a: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:
+    for key in keys:
+        s = as_str(a.get(key))
+        if s:
+            return s
+    return None
+
+
+def events_named(span: SpanRecord, name: str) -> list[SpanEvent]:
+    return [e for e in span.events if e.name == name]
+
+
+def name_after(span_name: str, prefix: str) -> str | None:
+    """``"execute_tool get_weather"`` -> ``"get_weather"`` for prefix ``"execute_tool "``."""
+    if span_name.startswith(prefix) and len(span_name) > len(prefix):
+        return span_name[len(prefix) :].strip() or None
+    return None

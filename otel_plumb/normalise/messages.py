@@ -1,0 +1,170 @@
+"""Tool calls and tool results inside decoded message payloads, whatever their shape.
+
+Model outputs name the tools they want in several shapes; the readers hand the decoded
+payload here and get RequestedCalls back:
+
+- OTel GenAI parts: ``{"type": "tool_call", "id", "name", "arguments"}``
+- OpenAI chat: ``{"id", "type": "function", "function": {"name", "arguments"}}``
+- LangChain: ``{"type": "tool_call", "name", "args", "id"}``
+- Vercel AI SDK: ``{"toolCallId", "toolName", "args" | "input"}``
+- Bedrock/Strands: ``{"toolUse": {"toolUseId", "name", "input"}}``; Anthropic ``{"type": "tool_use", ...}``
+- Gemini/ADK: ``{"functionCall": {"id", "name", "args"}}``
+
+Tool results given back to the model (input messages) are read the same way, by tool-call id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from otel_plumb.model.trajectory import RequestedCall
+from otel_plumb.normalise.values import decode
+
+# Containers that may hold calls or results; anything else is not descended into.
+_CONTAINER_KEYS = (
+    "parts",
+    "tool_calls",
+    "toolCalls",
+    "content",
+    "message",
+    "messages",
+    "choices",
+    "output",
+    "outputs",
+    "candidates",
+    "generations",
+    "kwargs",
+    "additional_kwargs",
+    "response",
+    "data",
+)
+_MAX_DEPTH = 8
+_CALL_TYPES = frozenset({"tool_call", "function_call", "tool-call", "tool_use", "function"})
+_RESULT_TYPES = frozenset({"tool_call_response", "tool-result", "tool_result", "function_call_output"})
+
+
+def requested_calls(payload: Any) -> list[RequestedCall]:
+    """Every tool call requested in a decoded output payload, in order; a call seen twice under
+    the same id (LangChain keeps both ``tool_calls`` and the provider's raw copy) counts once."""
+    out: list[RequestedCall] = []
+    seen: set[str] = set()
+    for call in _calls(payload, 0):
+        if call.tool_call_id is not None:
+            if call.tool_call_id in seen:
+                continue
+            seen.add(call.tool_call_id)
+        out.append(call)
+    return out
+
+
+def _calls(node: Any, depth: int) -> Iterator[RequestedCall]:
+    if depth > _MAX_DEPTH:
+        return
+    if isinstance(node, list):
+        for item in node:
+            yield from _calls(item, depth + 1)
+        return
+    if not isinstance(node, dict):
+        return
+    call = _as_call(node)
+    if call is not None:
+        yield call
+        return
+    for key in _CONTAINER_KEYS:
+        child = node.get(key)
+        if isinstance(child, (list, dict)):
+            yield from _calls(child, depth + 1)
+
+
+def _as_call(node: dict[str, Any]) -> RequestedCall | None:
+    for wrapper in ("toolUse", "functionCall", "function_call"):
+        inner = node.get(wrapper)
+        if isinstance(inner, dict) and "name" in inner:
+            return _call(inner.get("name"), _first(inner, ("input", "args", "arguments")), _call_id(inner))
+    fn = node.get("function")
+    if isinstance(fn, dict) and "name" in fn:  # OpenAI chat
+        return _call(fn.get("name"), fn.get("arguments"), _call_id(node))
+    if "toolName" in node and ("args" in node or "input" in node or "toolCallId" in node):  # Vercel
+        return _call(node.get("toolName"), _first(node, ("args", "input")), _call_id(node))
+    kind = node.get("type")
+    if kind in _CALL_TYPES and isinstance(node.get("name"), str):
+        return _call(node.get("name"), _first(node, ("arguments", "args", "input")), _call_id(node))
+    return None
+
+
+def _first(node: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        if key in node:
+            return node[key]
+    return None
+
+
+def _call_id(node: dict[str, Any]) -> str | None:
+    for key in ("id", "tool_call_id", "toolCallId", "toolUseId", "call_id"):
+        value = node.get(key)
+        if isinstance(value, (str, int)) and not isinstance(value, bool) and value != "":
+            return str(value)
+    return None
+
+
+def _call(name: Any, raw_args: Any, call_id: str | None) -> RequestedCall | None:
+    if not isinstance(name, str) or not name:
+        return None
+    d = decode(raw_args)
+    return RequestedCall(name=name, args=d.value, args_status=d.status, tool_call_id=call_id)
+
+
+def tool_results(payload: Any) -> dict[str, Any]:
+    """Tool results in decoded input messages, by tool-call id."""
+    out: dict[str, Any] = {}
+    _results(payload, out, 0)
+    return out
+
+
+def _results(node: Any, out: dict[str, Any], depth: int) -> None:
+    if depth > _MAX_DEPTH:
+        return
+    if isinstance(node, list):
+        for item in node:
+            _results(item, out, depth + 1)
+        return
+    if not isinstance(node, dict):
+        return
+    found = _as_result(node)
+    if found is not None:
+        out[found[0]] = found[1]
+        return
+    for key in _CONTAINER_KEYS:
+        child = node.get(key)
+        if isinstance(child, (list, dict)):
+            _results(child, out, depth + 1)
+
+
+def _as_result(node: dict[str, Any]) -> tuple[str, Any] | None:
+    for wrapper in ("toolResult", "functionResponse", "function_response"):
+        inner = node.get(wrapper)
+        if isinstance(inner, dict):
+            call_id = _call_id(inner)
+            if call_id is not None:
+                return call_id, _decoded(_first(inner, ("content", "response", "output")))
+    kind = node.get("type")
+    if kind in _RESULT_TYPES:
+        call_id = _call_id(node) or _str(node.get("tool_use_id"))
+        if call_id is not None:
+            return call_id, _decoded(_first(node, ("response", "result", "output", "content")))
+    if node.get("role") == "tool" or kind == "tool":
+        call_id = _str(node.get("tool_call_id")) or _str(node.get("toolCallId"))
+        content = node.get("content")
+        if call_id is not None and not isinstance(content, list):
+            return call_id, _decoded(content)
+    return None
+
+
+def _decoded(raw: Any) -> Any:
+    d = decode(raw)
+    return d.value if d.status == "captured" else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None

@@ -1,0 +1,134 @@
+"""Decoding attribute values: JSON, double-encoded JSON, Python reprs, placeholders.
+
+Instrumentations record arguments and results as JSON strings (OTel GenAI, Vercel, Langfuse),
+JSON strings of JSON strings (MLflow, some exporters), Python ``repr`` (LangChain tool inputs,
+older ADK), OTLP maps/arrays, or a placeholder when content capture is off. Only what decodes
+cleanly is data; everything else is marked, never guessed.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from otel_plumb.model.trajectory import CaptureStatus
+
+# Placeholders instrumentations and redacting processors write instead of content
+# (compared lowercased and stripped).
+PLACEHOLDERS = frozenset(
+    {
+        "<redacted>",
+        "[redacted]",
+        "redacted",
+        "(redacted)",
+        "{redacted}",
+        "__redacted__",
+        "<hidden>",
+        "[hidden]",
+        "<masked>",
+        "[masked]",
+        "<filtered>",
+        "[filtered]",
+        "<omitted>",
+        "[omitted]",
+        "<not recorded>",
+        "<replaced>",
+        "<not serializable>",
+        "<scrubbed>",
+        "[scrubbed]",
+    }
+)
+
+# Largest string handed to ast.literal_eval: it builds a full syntax tree first.
+_LITERAL_EVAL_MAX = 200_000
+# Double (or deeper) encoding is unwound at most this many times.
+_MAX_UNWRAP = 3
+
+
+@dataclass(slots=True, frozen=True)
+class Decoded:
+    value: Any
+    status: CaptureStatus
+    # Why the value is not data ("redacted placeholder", "not JSON: ..."); None when captured.
+    reason: str | None = None
+
+
+ABSENT = Decoded(None, "absent")
+
+
+def is_placeholder(text: str) -> bool:
+    s = text.strip()
+    if not s:
+        return False
+    if len(s) >= 3 and s.strip("*") == "":
+        return True  # "***", "********"
+    return s.lower() in PLACEHOLDERS
+
+
+def decode(raw: Any) -> Decoded:
+    """One attribute value -> data, or why it is not data. Never raises."""
+    if raw is None:
+        return ABSENT
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return Decoded(None, "undecodable", "bytes are not UTF-8")
+    if isinstance(raw, str):
+        return _decode_text(raw)
+    # OTLP maps, arrays and scalars are data already.
+    return Decoded(raw, "captured")
+
+
+def _decode_text(text: str) -> Decoded:
+    s = text.strip()
+    if not s:
+        return ABSENT
+    if is_placeholder(s):
+        return Decoded(None, "redacted", f"placeholder {s[:40]!r}")
+    value: Any = text
+    for _ in range(_MAX_UNWRAP):
+        if not isinstance(value, str):
+            break
+        s = value.strip()
+        if not s or s[0] not in '{["':
+            if is_placeholder(s):
+                return Decoded(None, "redacted", f"placeholder {s[:40]!r}")
+            break
+        parsed = _parse_structured(s)
+        if isinstance(parsed, _Failure):
+            if value is text:
+                return Decoded(None, "undecodable", parsed.reason)
+            break  # an inner string that merely starts with '{' stays a string
+        value = parsed
+    return Decoded(value, "captured")
+
+
+class _Failure:
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _parse_structured(s: str) -> Any:
+    try:
+        return json.loads(s)
+    except (ValueError, RecursionError) as exc:
+        json_error = exc
+    if len(s) <= _LITERAL_EVAL_MAX:
+        try:
+            return ast.literal_eval(s)  # Python reprs: {'a': 1, 'ok': True}
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            pass
+    msg = json_error.msg if isinstance(json_error, json.JSONDecodeError) else type(json_error).__name__
+    return _Failure(f"neither JSON nor a Python literal ({msg})")
+
+
+def decode_text_only(raw: Any) -> Any:
+    """A value decoded if it is cleanly decodable, else None: for secondary fields (messages,
+    usage blobs) where a failure is not worth a problem line of its own."""
+    d = decode(raw)
+    return d.value if d.status == "captured" else None

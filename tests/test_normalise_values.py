@@ -1,0 +1,77 @@
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from otel_plumb.normalise import decode, is_placeholder
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [
+        ('{"city": "Paris", "days": 3}', {"city": "Paris", "days": 3}),
+        (json.dumps(json.dumps({"a": [1, 2]})), {"a": [1, 2]}),  # double-encoded
+        (json.dumps(json.dumps(json.dumps({"a": 1}))), {"a": 1}),  # triple
+        ("{'city': 'Paris', 'ok': True, 'n': None}", {"city": "Paris", "ok": True, "n": None}),  # Python repr
+        ("[1, 'two']", [1, "two"]),
+        ("Paris", "Paris"),  # plain strings are data as they are
+        ('"Paris"', "Paris"),
+        ('"{not json"', "{not json"),  # an inner string that merely starts with '{' stays a string
+        ({"already": "a map"}, {"already": "a map"}),  # OTLP kvlist
+        ([1, 2], [1, 2]),
+        (7, 7),
+        (b'{"a": 1}', {"a": 1}),
+    ],
+)
+def test_decodable_values_are_captured(raw, value):
+    d = decode(raw)
+    assert d.status == "captured" and d.value == value and d.reason is None
+
+
+@pytest.mark.parametrize(
+    "raw", ["<REDACTED>", "[REDACTED]", "***", "********", " <redacted> ", '"<REDACTED>"', json.dumps('"***"')]
+)
+def test_placeholders_are_redacted_never_data(raw):
+    d = decode(raw)
+    assert d.status == "redacted" and d.value is None
+
+
+@pytest.mark.parametrize("raw", ['{"city": "Par', "{city: Paris}", "[1, 2", "{'a': os.system('x')}"])
+def test_garbage_is_undecodable_with_a_reason(raw):
+    d = decode(raw)
+    assert d.status == "undecodable" and d.value is None and d.reason
+
+
+def test_absent_and_non_utf8_bytes():
+    assert decode(None).status == "absent"
+    assert decode("   ").status == "absent"
+    d = decode(b"\xff\xfe{")
+    assert d.status == "undecodable" and "UTF-8" in (d.reason or "")
+
+
+def test_placeholder_detection_is_exact():
+    assert is_placeholder("[REDACTED]") and is_placeholder("***")
+    assert not is_placeholder("redacted data follows") and not is_placeholder("**") and not is_placeholder("")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(st.lists(json_values, max_size=4) | st.dictionaries(st.text(max_size=8), json_values, max_size=4))
+def test_json_containers_round_trip_once_or_twice_encoded(value):
+    # Bare JSON scalars ("3", "true") are kept as the strings they are: only objects and arrays are unwrapped.
+    for encoded in (json.dumps(value), json.dumps(json.dumps(value))):
+        d = decode(encoded)
+        assert d.status == "captured" and d.value == value
+
+
+@given(st.one_of(st.text(), st.binary(), json_values))
+def test_decode_never_raises(raw):
+    d = decode(raw)
+    assert d.status in ("captured", "absent", "redacted", "undecodable")
+    assert (d.reason is not None) == (d.status in ("redacted", "undecodable"))
