@@ -1,0 +1,192 @@
+"""``otel-plumb replay`` and ``otel-plumb coverage``: trace files offline.
+
+``replay`` reads the files (otel_plumb.replay), turns the trajectories into the report body
+with ``evaluate`` (without policies: every trajectory, no verdicts; a policy step is a
+function of the same shape, trajectories -> report dict), adds coverage, errors and inputs,
+writes the JSON and prints a short summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+
+from otel_plumb.cli.main import RunError
+from otel_plumb.model import Step, Trajectory
+from otel_plumb.replay import GroupBy, ReplayResult, ReplayStats, iter_trajectories
+from otel_plumb.replay import replay as run_replay
+from otel_plumb.report.coverage import CoverageCounter, coverage_report
+from otel_plumb.report.records import trajectory_record
+
+REPORT_VERSION = "1"
+# Terminal summary limits: the JSON report has everything.
+SHOWN_TRAJECTORIES = 20
+SHOWN_ERRORS = 10
+PATH_WIDTH = 110
+
+Evaluate = Callable[[Sequence[Trajectory]], dict[str, Any]]
+
+
+def unchecked_report(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+    """The report body without policies: every trajectory, no verdicts."""
+    return {"trajectories": [trajectory_record(t) for t in trajectories]}
+
+
+def build_report(result: ReplayResult, evaluate: Evaluate = unchecked_report) -> dict[str, Any]:
+    body = evaluate(result.trajectories)
+    return {
+        "report_version": REPORT_VERSION,
+        **body,
+        "coverage": coverage_report(result.trajectories, result.stats),
+        "errors": [e.record() for e in result.errors],
+        "errors_total": result.stats.errors_total,
+        "inputs": [{"file": f.path, "spans": f.spans, "errors": f.errors} for f in result.stats.files],
+    }
+
+
+def check_inputs(files: Sequence[str]) -> None:
+    """Refuse, before reading anything, files that are missing or unreadable."""
+    for path in files:
+        if not os.path.exists(path):
+            raise RunError(f"{path}: no such file")
+        if os.path.isdir(path):
+            raise RunError(f"{path}: is a directory, not a trace file")
+        if not os.access(path, os.R_OK):
+            raise RunError(f"{path}: not readable (permission denied)")
+
+
+def check_something_read(stats: ReplayStats) -> None:
+    if stats.nothing_read:
+        first = "; ".join(str(e) for e in stats.errors[:3])
+        raise RunError(f"no spans could be read from the input ({stats.errors_total} errors): {first}")
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    text = json.dumps(data, indent=2, default=_json_default, ensure_ascii=False)
+    if path == "-":
+        click.echo(text)
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    except OSError as exc:
+        raise RunError(f"{path}: cannot write report: {exc.strerror or exc}") from exc
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return str(value)
+
+
+_files = click.argument("files", nargs=-1, required=True, type=click.Path(path_type=str))
+_json = click.option("--json", "json_out", metavar="OUT", help="Write the report as JSON to OUT ('-' for stdout).")
+_group_by = click.option(
+    "--group-by",
+    type=click.Choice(["trace", "session"]),
+    default="trace",
+    show_default=True,
+    help="One trajectory per trace, or per conversation/session.",
+)
+
+
+@click.command()
+@_files
+@_json
+@_group_by
+def replay(files: tuple[str, ...], json_out: str | None, group_by: GroupBy) -> None:
+    """Read trace files (OTLP JSON/protobuf, Jaeger JSON, .gz/.zst) into trajectories and report them."""
+    check_inputs(files)
+    result = run_replay(files, group_by=group_by)
+    check_something_read(result.stats)
+    report = build_report(result)
+    if json_out:
+        write_json(json_out, report)
+    if json_out != "-":
+        print_summary(result, report)
+
+
+@click.command()
+@_files
+@_json
+@_group_by
+def coverage(files: tuple[str, ...], json_out: str | None, group_by: GroupBy) -> None:
+    """What the trace files can support: conventions, tool calls with/without arguments and results, notes."""
+    check_inputs(files)
+    stats = ReplayStats()
+    counter = CoverageCounter()
+    for trajectory in iter_trajectories(files, stats, group_by=group_by):
+        counter.add(trajectory)
+    check_something_read(stats)
+    cov = counter.report(stats)
+    if json_out:
+        write_json(
+            json_out,
+            {
+                "report_version": REPORT_VERSION,
+                "coverage": cov,
+                "errors": [e.record() for e in stats.errors],
+                "errors_total": stats.errors_total,
+                "inputs": [{"file": f.path, "spans": f.spans, "errors": f.errors} for f in stats.files],
+            },
+        )
+    if json_out != "-":
+        _print_read(stats, cov)
+        _print_coverage(cov)
+
+
+def print_summary(result: ReplayResult, report: dict[str, Any]) -> None:
+    cov = report["coverage"]
+    _print_read(result.stats, cov)
+    _print_coverage(cov)
+    trajectories = result.trajectories
+    if trajectories:
+        shown = trajectories[:SHOWN_TRAJECTORIES]
+        more = f" (first {len(shown)} of {len(trajectories)})" if len(shown) < len(trajectories) else ""
+        click.echo(f"trajectories{more}:")
+        for t in shown:
+            click.echo("  " + trajectory_line(t))
+
+
+def _print_read(stats: ReplayStats, cov: dict[str, Any]) -> None:
+    tools = cov["tool_calls"]
+    click.echo(
+        f"read {len(stats.files)} file{'s' if len(stats.files) != 1 else ''}: {stats.spans} spans, "
+        f"{cov['trajectories']} trajectories ({cov['incomplete']['trajectories']} incomplete), "
+        f"{tools['total']} tool calls ({tools['arguments']['captured']} with arguments, {tools['errored']} failed), "
+        f"{stats.errors_total} errors"
+    )
+    for error in stats.errors[:SHOWN_ERRORS]:
+        click.echo(f"  error: {error}")
+    if stats.errors_total > SHOWN_ERRORS:
+        click.echo(f"  ... {stats.errors_total - SHOWN_ERRORS} more errors (see --json)")
+
+
+def _print_coverage(cov: dict[str, Any]) -> None:
+    conventions = ", ".join(f"{name} {n}" for name, n in cov["conventions"].items()) or "none"
+    click.echo(f"conventions: {conventions}")
+    notes = cov["notes"]
+    if notes:
+        click.echo("coverage notes:")
+        for note in notes:
+            click.echo(f"  - {note}")
+
+
+def trajectory_line(t: Trajectory) -> str:
+    """One compact line: trace, agent, state, and the tool path (failed calls marked)."""
+    who = t.agent or t.service or "-"
+    state = "complete" if t.complete else f"incomplete: {t.incomplete_reason}"
+    path = " > ".join(_tool_label(s) for s in t.tool_steps) or "(no tool calls)"
+    if len(path) > PATH_WIDTH:
+        path = path[: PATH_WIDTH - 3] + "..."
+    return f"{t.trace_id[:16]}  {who}  {len(t.steps)} steps, {state}  {path}"
+
+
+def _tool_label(step: Step) -> str:
+    return f"{step.name}!" if step.error is not None else step.name

@@ -1,0 +1,373 @@
+"""Trace files -> SpanRecords, streamed, with the format detected by content (not by name).
+
+Accepted, in any mix:
+
+- OTLP/JSON ``ExportTraceServiceRequest``: one document (pretty-printed or not), or JSON lines as
+  the Collector's file exporter writes them (one batch per line);
+- OTLP protobuf: the file exporter's records (4-byte big-endian length + request, each
+  optionally zstd-compressed; with ``format: json`` and compression the records hold JSON), or
+  one bare serialized request;
+- Jaeger JSON: ``{"data": [trace, ...]}`` from the UI or query API (also JSON lines of those);
+- any of these inside a ``.gz`` or ``.zst`` file (recognised by magic bytes).
+
+A malformed line or record is yielded as a ``ReadError`` (file, line or byte offset, message)
+and reading goes on with the next one. Nothing is held beyond the current line, record or
+(for a single JSON document, parsed incrementally with ijson) the current trace.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import struct
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import IO, Any, cast
+
+import ijson
+import zstandard
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from otel_plumb.model.span import SpanRecord
+from otel_plumb.receive.jaeger import is_jaeger_trace, trace_records
+from otel_plumb.receive.otlp import resource_spans_records
+from otel_plumb.receive.otlp_json import parse_request
+
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# A line longer than this is read as a streamed JSON document instead of being loaded whole.
+LONG_LINE = 16 << 20
+# A length prefix above this is corruption, not a record (the Collector's batches are far smaller).
+MAX_RECORD = 512 << 20
+_JSON_START = (b"{", b"[")
+_BLANK = b" \t\r\n"
+_BOM = b"\xef\xbb\xbf"
+# Signals other than traces that a Collector file may carry: skipped without complaint.
+_OTHER_SIGNALS = ("resourceLogs", "resource_logs", "resourceMetrics", "resource_metrics", "resourceProfiles")
+# ijson prefixes of the items streamed out of one JSON document: OTLP ResourceSpans, Jaeger
+# traces, Jaeger's v3 API ({"result": {"resourceSpans": ...}}), and a top-level array of any.
+_OTLP_ITEMS = ("resourceSpans.item", "resource_spans.item", "result.resourceSpans.item", "result.resource_spans.item")
+_ITEM_KINDS: dict[str, str] = {
+    **{p: "otlp" for p in _OTLP_ITEMS},
+    **{f"item.{p}": "otlp" for p in _OTLP_ITEMS},
+    "data.item": "jaeger",
+    "item.data.item": "jaeger",
+    "item": "any",
+}
+_JAEGER_TRACE_KEYS = frozenset({"traceID", "spans", "processes", "warnings"})
+
+
+@dataclass(frozen=True, slots=True)
+class ReadError:
+    """Input that could not be read: which file, where (line or byte offset), and why."""
+
+    file: str
+    message: str
+    line: int | None = None
+    offset: int | None = None
+
+    @property
+    def location(self) -> str:
+        if self.line is not None:
+            return f"{self.file}:{self.line}"
+        if self.offset is not None:
+            return f"{self.file}@{self.offset}"
+        return self.file
+
+    def record(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "offset": self.offset, "message": self.message}
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.message}"
+
+
+Item = SpanRecord | ReadError
+
+
+def read_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Item]:
+    for path in paths:
+        yield from read_spans(path)
+
+
+def read_spans(path: str | os.PathLike[str]) -> Iterator[Item]:
+    """Every span of one trace file, and a ReadError for each part that could not be read."""
+    name = os.fspath(path)
+    try:
+        f = open(name, "rb")  # noqa: SIM115 - closed by the with below, after the generator ends
+    except OSError as exc:
+        yield ReadError(name, f"cannot open: {exc.strerror or exc}")
+        return
+    with f:
+        if os.path.isdir(name):
+            yield ReadError(name, "is a directory")
+            return
+        try:
+            yield from _read_stream(name, f, compressed=False)
+        except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:
+            # A compressed file cut short or corrupt: what came before it was read.
+            yield ReadError(name, f"unreadable past this point: {exc}")
+
+
+def _read_stream(name: str, stream: IO[bytes], *, compressed: bool) -> Iterator[Item]:
+    head = _peek(stream, 4)
+    if not head:
+        return
+    if head.startswith(GZIP_MAGIC) and not compressed:
+        with gzip.GzipFile(fileobj=stream, mode="rb") as inner:  # buffered, with peek
+            yield from _read_stream(name, cast(IO[bytes], inner), compressed=True)
+        return
+    if head.startswith(ZSTD_MAGIC) and not compressed:
+        reader = zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True)
+        yield from _read_stream(name, io.BufferedReader(reader, 1 << 16), compressed=True)
+        return
+    start = head.lstrip(_BLANK)
+    if start.startswith(_BOM) or start[:1] in _JSON_START or not start:
+        yield from _read_json(name, stream)
+    else:
+        yield from _read_protobuf(name, stream)
+
+
+def _peek(stream: IO[bytes], n: int) -> bytes:
+    peek = getattr(stream, "peek", None)
+    data: bytes = peek(n) if peek is not None else b""
+    return data[:n]
+
+
+# --- JSON ------------------------------------------------------------------------------------
+
+
+def _read_json(name: str, stream: IO[bytes]) -> Iterator[Item]:
+    consumed: list[bytes] = []
+    lineno = 0
+    first = b""
+    while not first.strip():
+        first = stream.readline(LONG_LINE)
+        if not first:
+            return
+        lineno += 1
+        consumed.append(first)
+    first = first.removeprefix(_BOM) if lineno == 1 else first
+    if len(first) >= LONG_LINE and not first.endswith(b"\n"):
+        yield from _read_document(name, _Chained(consumed, stream))
+        return
+    try:
+        obj = json.loads(first)
+    except ValueError as exc:
+        # Either a pretty-printed document or a malformed first line of JSON lines: a JSON-lines
+        # file has a complete value on its next non-blank line.
+        second = b""
+        while not second.strip():
+            second = stream.readline(LONG_LINE)
+            consumed.append(second)
+            if not second:
+                break
+        if not _is_json_value(second):
+            yield from _read_document(name, _Chained(consumed, stream))
+            return
+        yield ReadError(name, f"malformed JSON: {exc}", line=lineno)
+        yield from _json_records(name, json.loads(second), line=lineno + len(consumed) - 1)
+        lineno += len(consumed) - 1
+    else:
+        yield from _json_records(name, obj, line=lineno)
+    for line in stream:
+        lineno += 1
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            yield ReadError(name, f"malformed JSON: {exc}", line=lineno)
+            continue
+        yield from _json_records(name, obj, line=lineno)
+
+
+def _is_json_value(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
+def _json_records(name: str, obj: Any, *, line: int | None = None, offset: int | None = None) -> Iterator[Item]:
+    """One decoded JSON value: an OTLP/JSON request, a Jaeger response or trace, or a list of those."""
+    if isinstance(obj, list):
+        for item in obj:
+            yield from _json_records(name, item, line=line, offset=offset)
+        return
+    if not isinstance(obj, dict):
+        yield ReadError(name, f"expected a JSON object, got {type(obj).__name__}", line, offset)
+        return
+    if "resourceSpans" in obj or "resource_spans" in obj:
+        yield from _otlp_json_records(name, obj, line, offset)
+    elif isinstance(obj.get("result"), dict):
+        yield from _json_records(name, obj["result"], line=line, offset=offset)
+    elif isinstance(obj.get("data"), list):
+        for trace in obj["data"]:
+            yield from _jaeger_records(name, trace, line, offset)
+    elif is_jaeger_trace(obj):
+        yield from _jaeger_records(name, obj, line, offset)
+    elif obj and not any(k in obj for k in _OTHER_SIGNALS):
+        keys = ", ".join(sorted(map(str, obj))[:5])
+        yield ReadError(name, f"not OTLP/JSON traces or Jaeger JSON (keys: {keys})", line, offset)
+
+
+def _otlp_json_records(name: str, obj: dict[str, Any], line: int | None, offset: int | None) -> Iterator[Item]:
+    try:
+        request = parse_request(obj)
+    except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+        yield ReadError(name, f"invalid OTLP/JSON: {_short(exc)}", line, offset)
+        return
+    yield from _request_records(name, request, line, offset)
+
+
+def _jaeger_records(name: str, trace: Any, line: int | None, offset: int | None) -> Iterator[Item]:
+    if not isinstance(trace, Mapping) or not isinstance(trace.get("spans"), list):
+        yield ReadError(name, "Jaeger trace without a spans list", line, offset)
+        return
+    for item in trace_records(trace):
+        yield ReadError(name, item, line, offset) if isinstance(item, str) else item
+
+
+def _read_document(name: str, stream: io.RawIOBase) -> Iterator[Item]:
+    """One JSON document (or several concatenated), streamed item by item with ijson."""
+    builder: Any = None
+    depth = 0
+    kind = ""
+    found = False
+    try:
+        for prefix, event, value in ijson.parse(stream, multiple_values=True, use_float=True):
+            if builder is None:
+                if event in ("start_map", "start_array") and prefix in _ITEM_KINDS:
+                    builder, depth, kind = ijson.ObjectBuilder(), 0, _ITEM_KINDS[prefix]
+                elif event == "start_map" and prefix == "":
+                    # A top-level Jaeger trace is built whole; requests and responses are streamed.
+                    builder, depth, kind = ijson.ObjectBuilder(), 0, "top"
+                else:
+                    continue
+            builder.event(event, value)
+            if event in ("start_map", "start_array"):
+                depth += 1
+            elif event in ("end_map", "end_array"):
+                depth -= 1
+            elif kind == "top" and event == "map_key" and depth == 1 and value not in _JAEGER_TRACE_KEYS:
+                builder = None  # not a bare Jaeger trace: its items are streamed instead
+                continue
+            if depth == 0:
+                obj, builder = builder.value, None
+                found = True
+                if kind == "otlp":
+                    yield from _otlp_json_records(name, {"resourceSpans": [obj]}, None, None)
+                elif kind == "jaeger":
+                    yield from _jaeger_records(name, obj, None, None)
+                else:
+                    yield from _json_records(name, obj)
+    except ijson.common.IncompleteJSONError as exc:
+        yield ReadError(name, f"malformed JSON document: {_short(exc)}")
+        return
+    except (ValueError, UnicodeDecodeError) as exc:
+        yield ReadError(name, f"malformed JSON document: {_short(exc)}")
+        return
+    if not found:
+        yield ReadError(name, "no trace data in this JSON document (expected OTLP/JSON resourceSpans or Jaeger data)")
+
+
+class _Chained(io.RawIOBase):
+    """The lines already read, then the rest of the stream: lets detection look ahead."""
+
+    def __init__(self, head: list[bytes], rest: IO[bytes]) -> None:
+        self._head = b"".join(head)
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self._head:
+            n = min(len(view), len(self._head))
+            view[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        data = self._rest.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+
+# --- protobuf --------------------------------------------------------------------------------
+
+
+def _read_protobuf(name: str, stream: IO[bytes]) -> Iterator[Item]:
+    # A serialized request starts with field 1 (resource_spans, length-delimited): tag 0x0a.
+    # A length prefix would start with 0x0a only for a record of 160 MiB or more.
+    if _peek(stream, 1) == b"\x0a":
+        yield from _payload_records(name, stream.read(), 0)
+        return
+    offset = 0
+    while True:
+        header = stream.read(4)
+        if not header:
+            return
+        if len(header) < 4:
+            yield ReadError(name, f"truncated record header ({len(header)} of 4 bytes)", offset=offset)
+            return
+        (size,) = struct.unpack(">I", header)
+        if size > MAX_RECORD:
+            what = (
+                "not a trace file (neither JSON nor OTLP protobuf records)"
+                if offset == 0
+                else f"corrupt record length {size}; the rest of the file is skipped"
+            )
+            yield ReadError(name, what, offset=offset)
+            return
+        payload = stream.read(size)
+        if len(payload) < size:
+            yield ReadError(name, f"truncated record: {len(payload)} of {size} bytes", offset=offset)
+            return
+        yield from _payload_records(name, payload, offset)
+        offset += 4 + size
+
+
+def _payload_records(name: str, payload: bytes, offset: int) -> Iterator[Item]:
+    if payload.startswith(ZSTD_MAGIC):
+        try:
+            payload = zstandard.ZstdDecompressor().decompressobj().decompress(payload)
+        except zstandard.ZstdError as exc:
+            yield ReadError(name, f"corrupt zstd record: {exc}", offset=offset)
+            return
+    if payload[:1] in _JSON_START:  # the file exporter's format: json with compression
+        try:
+            obj = json.loads(payload)
+        except ValueError as exc:
+            yield ReadError(name, f"malformed JSON record: {exc}", offset=offset)
+            return
+        yield from _json_records(name, obj, offset=offset)
+        return
+    try:
+        request = ExportTraceServiceRequest.FromString(payload)
+    except (DecodeError, RuntimeError) as exc:
+        yield ReadError(name, f"not an OTLP protobuf record: {_short(exc)}", offset=offset)
+        return
+    yield from _request_records(name, request, None, offset)
+
+
+def _request_records(
+    name: str, request: ExportTraceServiceRequest, line: int | None, offset: int | None
+) -> Iterator[Item]:
+    for rs in request.resource_spans:
+        for record, _ in resource_spans_records(rs):
+            if len(record.trace_id) != 32 or len(record.span_id) != 16:
+                yield ReadError(
+                    name, f"span {record.name!r} has an invalid trace or span id ({record.trace_id!r})", line, offset
+                )
+                continue
+            yield record
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,137 @@
+"""Offline replay: trace files -> spans -> normalised spans -> trajectories.
+
+The same normalise and assemble stages as the live processor, driven by the files instead of
+the network. Only normalised spans are buffered, and a trace is assembled once its root has
+been read and ``window_spans`` further spans went by without one of its own: files are
+written as traces end, so memory stays bounded by the window, not by the file. Nothing is
+printed here; the commands, campaigns and reports call it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from otel_plumb.assemble import AddOutcome, Assembler, AssemblyLimits
+from otel_plumb.model import SpanRecord, Trajectory
+from otel_plumb.normalise import normalise
+from otel_plumb.receive.files import ReadError, read_spans
+
+GroupBy = Literal["trace", "session"]
+# How many later spans a trace waits, after its last span, for stragglers (other services,
+# late exporters) before it is assembled.
+DEFAULT_WINDOW_SPANS = 50_000
+# Errors kept with their location; past this only the count grows.
+MAX_ERRORS_KEPT = 1_000
+_DUE_EVERY = 1_024
+
+
+@dataclass(slots=True)
+class FileStats:
+    path: str
+    spans: int = 0
+    errors: int = 0
+
+
+@dataclass(slots=True)
+class ReplayStats:
+    """What reading produced, besides the trajectories."""
+
+    files: list[FileStats] = field(default_factory=list)
+    spans: int = 0
+    # Spans of a trace already assembled (arrived more than the window later), left out.
+    late_spans: int = 0
+    # Spans past the per-trace limit, left out (the trajectory is then incomplete).
+    over_limit_spans: int = 0
+    errors: list[ReadError] = field(default_factory=list)
+    errors_total: int = 0
+
+    def add_error(self, error: ReadError) -> None:
+        self.errors_total += 1
+        if len(self.errors) < MAX_ERRORS_KEPT:
+            self.errors.append(error)
+
+    @property
+    def nothing_read(self) -> bool:
+        """No span at all, and something went wrong: the input could not be read."""
+        return self.spans == 0 and self.errors_total > 0
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    trajectories: list[Trajectory]
+    stats: ReplayStats
+
+    @property
+    def errors(self) -> list[ReadError]:
+        return self.stats.errors
+
+
+def replay_limits(group_by: GroupBy = "trace", window_spans: int = DEFAULT_WINDOW_SPANS) -> AssemblyLimits:
+    """Assembly limits for replay. Time is counted in spans read, so "idle" means "no span of
+    this trace among the last ``window_spans`` spans"; nothing is cut short by wall-clock."""
+    return AssemblyLimits(
+        idle_timeout_s=float(window_spans),
+        max_wait_s=float("inf"),
+        max_traces=1_000_000,
+        max_spans_per_trace=100_000,
+        decided_cache_size=1_000_000,
+        group_by=group_by,
+        session_idle_timeout_s=float(window_spans),
+    )
+
+
+def iter_trajectories(
+    paths: Iterable[str | os.PathLike[str]],
+    stats: ReplayStats,
+    *,
+    group_by: GroupBy = "trace",
+    window_spans: int = DEFAULT_WINDOW_SPANS,
+) -> Iterator[Trajectory]:
+    """Trajectories as they are assembled (streaming); ``stats`` is filled in along the way."""
+    assembler = Assembler(replay_limits(group_by, window_spans))
+    clock = 0
+    for path in paths:
+        file_stats = FileStats(os.fspath(path))
+        stats.files.append(file_stats)
+        for item in read_spans(path):
+            if not isinstance(item, SpanRecord):
+                file_stats.errors += 1
+                stats.add_error(item)
+                continue
+            try:
+                span = normalise(item)
+            except Exception as exc:  # one odd span must not stop a replay
+                file_stats.errors += 1
+                message = f"span {item.span_id} ({item.name!r}): not normalised: {exc}"
+                stats.add_error(ReadError(file_stats.path, message))
+                continue
+            file_stats.spans += 1
+            clock += 1
+            outcome, finished = assembler.add(span, None, float(clock))
+            if outcome is AddOutcome.LATE:
+                stats.late_spans += 1
+            elif outcome is AddOutcome.OVER_LIMIT:
+                stats.over_limit_spans += 1
+            if clock % _DUE_EVERY == 0:
+                finished = finished + assembler.due(float(clock))
+            for done in finished:
+                yield done.trajectory()
+        stats.spans += file_stats.spans
+    for done in assembler.drain(float(clock)):
+        yield done.trajectory()
+
+
+def replay(
+    paths: Iterable[str | os.PathLike[str]],
+    *,
+    group_by: GroupBy = "trace",
+    window_spans: int = DEFAULT_WINDOW_SPANS,
+) -> ReplayResult:
+    """All trajectories of the files, in order of start time."""
+    stats = ReplayStats()
+    trajectories = list(iter_trajectories(paths, stats, group_by=group_by, window_spans=window_spans))
+    trajectories.sort(key=lambda t: (t.start_ns, t.key))
+    return ReplayResult(trajectories, stats)

@@ -1,0 +1,206 @@
+"""Coverage: what the traces can and cannot support, with plain-language notes.
+
+Counted from trajectories (every span is a step, so span counts come from ``source == "span"``
+steps), optionally with what reading reported (spans left out, read errors). The result is a
+JSON-ready dict: ``report["coverage"]`` and the ``coverage`` command.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from otel_plumb import normalise as normalise_pkg
+from otel_plumb.model import Trajectory
+from otel_plumb.model.trajectory import CASE_ID
+from otel_plumb.replay import ReplayStats
+
+CAPTURE_STATUSES = ("captured", "absent", "redacted", "undecodable")
+GENERIC_CAPTURE_HINT = "the instrumentation's content capture (tool arguments and results are often opt-in)"
+# Longest lists kept in the report (names of tools and of spans not understood).
+TOP_N = 20
+
+
+class CoverageCounter:
+    """Accumulates coverage one trajectory at a time (replay streams them)."""
+
+    def __init__(self, task_attributes: Sequence[str] = ()) -> None:
+        self.task_attributes = (CASE_ID, *task_attributes)
+        self.trajectories = 0
+        self.spans = 0
+        self.conventions: Counter[str] = Counter()
+        self.kinds: Counter[str] = Counter()
+        self.tool_calls = 0
+        self.tool_calls_from_output = 0
+        self.args: Counter[str] = Counter()
+        self.results: Counter[str] = Counter()
+        self.errored = 0
+        self.absent_args_by_convention: Counter[str] = Counter()
+        self.tools: dict[str, Counter[str]] = {}
+        self.not_understood: Counter[str] = Counter()
+        self.incomplete: Counter[str] = Counter()
+        self.without_root = 0
+        self.unlabelled = 0
+        self.problems = 0
+        self.problem_examples: list[str] = []
+
+    def add(self, trajectory: Trajectory) -> None:
+        self.trajectories += 1
+        if not trajectory.complete:
+            self.incomplete[trajectory.incomplete_reason or "unknown"] += 1
+        if trajectory.root_span_id is None:
+            self.without_root += 1
+        if not any(trajectory.attributes.get(k) not in (None, "") for k in self.task_attributes):
+            self.unlabelled += 1
+        self.problems += len(trajectory.problems)
+        for p in trajectory.problems:
+            if len(self.problem_examples) >= 10:
+                break
+            self.problem_examples.append(p)
+        for step in trajectory.steps:
+            if step.source == "span":
+                self.spans += 1
+                self.conventions[step.convention] += 1
+                self.kinds[step.kind] += 1
+                if step.kind == "other" and step.convention == "unknown":
+                    self.not_understood[step.name] += 1
+            if step.kind != "tool":
+                continue
+            self.tool_calls += 1
+            if step.source == "llm_output":
+                self.tool_calls_from_output += 1
+            self.args[step.args_status] += 1
+            self.results[step.result_status] += 1
+            if step.args_status == "absent":
+                self.absent_args_by_convention[step.convention] += 1
+            per_tool = self.tools.get(step.name)
+            if per_tool is None:
+                per_tool = self.tools[step.name] = Counter()
+            per_tool["calls"] += 1
+            if step.args_status == "captured":
+                per_tool["with_arguments"] += 1
+            if step.result_status == "captured":
+                per_tool["with_result"] += 1
+            if step.error is not None:
+                self.errored += 1
+                per_tool["errors"] += 1
+
+    def report(self, stats: ReplayStats | None = None) -> dict[str, Any]:
+        tools = sorted(self.tools.items(), key=lambda kv: (-kv[1]["calls"], kv[0]))
+        out: dict[str, Any] = {
+            "trajectories": self.trajectories,
+            "spans": self.spans,
+            "conventions": dict(self.conventions.most_common()),
+            "steps_by_kind": {k: self.kinds.get(k, 0) for k in ("tool", "llm", "agent", "other")},
+            "tool_calls": {
+                "total": self.tool_calls,
+                "from_model_output": self.tool_calls_from_output,
+                "arguments": {s: self.args.get(s, 0) for s in CAPTURE_STATUSES},
+                "results": {s: self.results.get(s, 0) for s in CAPTURE_STATUSES},
+                "errored": self.errored,
+                "by_tool": {
+                    name: {k: c.get(k, 0) for k in ("calls", "with_arguments", "with_result", "errors")}
+                    for name, c in tools[:TOP_N]
+                },
+                "tools_seen": len(self.tools),
+            },
+            "not_understood": {
+                "spans": sum(self.not_understood.values()),
+                "names": dict(self.not_understood.most_common(TOP_N)),
+            },
+            "incomplete": {"trajectories": sum(self.incomplete.values()), "by_reason": dict(self.incomplete)},
+            "without_root": self.without_root,
+            "unlabelled": {"trajectories": self.unlabelled, "attributes": list(self.task_attributes)},
+            "problems": {"count": self.problems, "examples": list(self.problem_examples)},
+            "spans_left_out": {
+                "late": stats.late_spans if stats else 0,
+                "over_limit": stats.over_limit_spans if stats else 0,
+            },
+            "read_errors": stats.errors_total if stats else 0,
+        }
+        out["notes"] = self.notes(stats)
+        return out
+
+    def notes(self, stats: ReplayStats | None = None) -> list[str]:
+        notes: list[str] = []
+        total_spans = self.spans
+        if self.trajectories == 0:
+            notes.append("No spans were read: nothing can be checked.")
+            return notes
+        if self.tool_calls == 0:
+            notes.append(
+                f"No tool calls in {self.trajectories} trajectories: call and argument checks have nothing to "
+                "look at (is the agent instrumented for tool execution?)."
+            )
+        hints: dict[str, str] = getattr(normalise_pkg, "CAPTURE_HINTS", {})
+        absent = self.args.get("absent", 0)
+        if absent:
+            where = "; ".join(
+                f"{conv}: {hints.get(conv) or GENERIC_CAPTURE_HINT}"
+                for conv, _ in self.absent_args_by_convention.most_common()
+            )
+            notes.append(
+                f"{absent} of {self.tool_calls} tool calls carry no arguments: argument checks will be "
+                f"indeterminate for them; enable content capture ({where})."
+            )
+        for status, what in (("redacted", "redacted arguments (a placeholder such as <REDACTED>)"),
+                             ("undecodable", "arguments that could not be decoded (kept as raw text)")):
+            n = self.args.get(status, 0)
+            if n:
+                notes.append(f"{n} of {self.tool_calls} tool calls have {what}: argument checks will be "
+                             "indeterminate for them.")
+        no_result = self.tool_calls - self.results.get("captured", 0)
+        if self.tool_calls and no_result:
+            notes.append(
+                f"{no_result} of {self.tool_calls} tool calls carry no usable result: checks that compare "
+                "against a step's result will be indeterminate for them."
+            )
+        if self.errored:
+            notes.append(
+                f"{self.errored} of {self.tool_calls} tool calls failed: a failed call does not count as made "
+                "(must_call)."
+            )
+        if self.tool_calls_from_output:
+            notes.append(
+                f"{self.tool_calls_from_output} tool calls were read from model output messages, not from tool "
+                "spans: their results and errors are known only when the next model call shows them."
+            )
+        unknown = sum(self.not_understood.values())
+        if unknown:
+            names = ", ".join(repr(n) for n, _ in self.not_understood.most_common(3))
+            notes.append(
+                f"{unknown} of {total_spans} spans follow no known convention (e.g. {names}): they are kept as "
+                "'other' steps and never count as tool calls."
+            )
+        incomplete = sum(self.incomplete.values())
+        if incomplete:
+            reasons = ", ".join(f"{r}: {n}" for r, n in self.incomplete.most_common())
+            notes.append(
+                f"{incomplete} of {self.trajectories} trajectories are incomplete ({reasons}): their verdicts "
+                "are indeterminate at best."
+            )
+        if self.unlabelled:
+            keys = " or ".join(self.task_attributes)
+            notes.append(
+                f"{self.unlabelled} of {self.trajectories} trajectories carry no task label ({keys}): they cannot "
+                "be grouped by case or matched to per-task ground truth."
+            )
+        if stats is not None and stats.late_spans:
+            notes.append(
+                f"{stats.late_spans} spans arrived long after the rest of their trace and were left out of it."
+            )
+        if stats is not None and stats.over_limit_spans:
+            notes.append(f"{stats.over_limit_spans} spans were past the per-trace span limit and were left out.")
+        if self.problems:
+            notes.append(f"{self.problems} values were present but not understood (see problems.examples).")
+        return notes
+
+
+def coverage_report(
+    trajectories: Iterable[Trajectory], stats: ReplayStats | None = None, task_attributes: Sequence[str] = ()
+) -> dict[str, Any]:
+    counter = CoverageCounter(task_attributes)
+    for t in trajectories:
+        counter.add(t)
+    return counter.report(stats)
