@@ -37,8 +37,18 @@ async def served() -> AsyncIterator[tuple[VerdictHub, watch_pb2_grpc.VerdictServ
 def _record(n: int, agent: str, policy: str, verdict: str) -> dict[str, Any]:
     trace_id = f"{n:032x}"
     step = Step(
-        0, "tool", "refund", f"{n:016x}", None, trace_id, 1, 2, "genai",
-        args={"amount": n}, args_status="captured", agent=agent,
+        0,
+        "tool",
+        "refund",
+        f"{n:016x}",
+        None,
+        trace_id,
+        1,
+        2,
+        "genai",
+        args={"amount": n},
+        args_status="captured",
+        agent=agent,
     )
     trajectory = Trajectory(key=trace_id, trace_ids=[trace_id], steps=[step], agent=agent, span_count=1)
     verdicts = [Verdict("no_refund", policy, verdict, "critical", 0, step.span_id, "checked", 0, n)]  # type: ignore[arg-type]
