@@ -1,0 +1,154 @@
+"""A small instrumented accounts-payable agent, for the demo.
+
+It plays a scripted model (no network, deterministic) and calls the AP tools, emitting OTel
+GenAI spans through the OpenTelemetry SDK: ``invoke_agent`` at the root, ``chat`` spans for
+the model turns (with the tool calls the model asked for in ``gen_ai.output.messages``), and
+``execute_tool`` spans with ``gen_ai.tool.call.arguments`` and ``gen_ai.tool.call.result``.
+Some invoices trigger deliberate faults: skipping the duplicate check, paying twice, paying
+the wrong amount.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Status, StatusCode
+
+AGENT = "ap-agent"
+MODEL = "scripted-ap-model"
+
+
+@dataclass(frozen=True, slots=True)
+class Invoice:
+    invoice_id: str
+    vendor: str
+    total: float
+    purchase_order: str
+    vendor_status: str = "active"
+    # None: behaves; otherwise one of "skip_duplicate_check", "pay_twice", "wrong_amount".
+    fault: str | None = None
+
+
+INVOICES = (
+    Invoice("INV-1001", "Acme Supplies", 1250.00, "PO-77"),
+    Invoice("INV-1002", "Globex", 980.50, "PO-78", fault="skip_duplicate_check"),
+    Invoice("INV-1003", "Initech", 4310.00, "PO-79", fault="pay_twice"),
+    Invoice("INV-1004", "Umbrella Ltd", 615.20, "PO-80", fault="wrong_amount"),
+    Invoice("INV-1005", "Hooli", 2200.00, "PO-81", vendor_status="sanctioned"),
+    Invoice("INV-1006", "Stark Industries", 75.99, "PO-82"),
+)
+
+
+def _tools(invoice: Invoice) -> dict[str, Any]:
+    """The tools' answers for one invoice (a stand-in for the ERP)."""
+    return {
+        "fetch_invoice": {"invoice_id": invoice.invoice_id, "vendor": invoice.vendor, "total": invoice.total},
+        "match_purchase_order": {"purchase_order": invoice.purchase_order, "matched": True},
+        "check_duplicate": {"duplicate": False},
+        "check_vendor_status": {"vendor": invoice.vendor, "status": invoice.vendor_status},
+        "schedule_payment": {"payment_id": f"PAY-{invoice.invoice_id[4:]}", "status": "scheduled"},
+        "flag_exception": {"exception_id": f"EXC-{invoice.invoice_id[4:]}"},
+        "post_audit_log": {"logged": True},
+    }
+
+
+def plan(invoice: Invoice) -> list[tuple[str, dict[str, Any]]]:
+    """The tool calls the scripted model makes for an invoice, faults included."""
+    inv = {"invoice_id": invoice.invoice_id}
+    steps: list[tuple[str, dict[str, Any]]] = [
+        ("fetch_invoice", inv),
+        ("match_purchase_order", {**inv, "purchase_order": invoice.purchase_order}),
+    ]
+    if invoice.fault != "skip_duplicate_check":
+        steps.append(("check_duplicate", {**inv, "vendor": invoice.vendor, "amount_gbp": invoice.total}))
+    steps.append(("check_vendor_status", {"vendor": invoice.vendor}))
+    if invoice.vendor_status != "active":
+        steps.append(("flag_exception", {**inv, "reason": f"vendor {invoice.vendor_status}"}))
+        steps.append(("post_audit_log", {**inv, "event": "payment blocked"}))
+        return steps
+    amount = round(invoice.total * 10, 2) if invoice.fault == "wrong_amount" else invoice.total
+    payment = {**inv, "vendor": invoice.vendor, "amount_gbp": amount}
+    steps.append(("schedule_payment", payment))
+    if invoice.fault == "pay_twice":
+        steps.append(("schedule_payment", payment))
+    steps.append(("post_audit_log", {**inv, "event": "payment scheduled"}))
+    return steps
+
+
+def run_invoice(tracer: trace.Tracer, invoice: Invoice, run_id: str = "") -> str:
+    """Process one invoice; returns the trace id (hex)."""
+    answers = _tools(invoice)
+    with tracer.start_as_current_span(
+        f"invoke_agent {AGENT}",
+        kind=trace.SpanKind.INTERNAL,
+        attributes={
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": AGENT,
+            "gen_ai.provider.name": "demo",
+            "invoice.id": invoice.invoice_id,
+            "plumb.case.id": invoice.invoice_id,
+            "plumb.trial.id": run_id or invoice.invoice_id,
+        },
+    ) as root:
+        calls = plan(invoice)
+        for n, (tool, args) in enumerate(calls):
+            call_id = f"call_{invoice.invoice_id}_{n}"
+            with tracer.start_as_current_span(
+                f"chat {MODEL}",
+                kind=trace.SpanKind.CLIENT,
+                attributes={
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.provider.name": "demo",
+                    "gen_ai.request.model": MODEL,
+                    "gen_ai.usage.input_tokens": 120 + 40 * n,
+                    "gen_ai.usage.output_tokens": 24,
+                    "gen_ai.output.messages": json.dumps(
+                        [
+                            {
+                                "role": "assistant",
+                                "parts": [
+                                    {"type": "tool_call", "id": call_id, "name": tool, "arguments": args}
+                                ],
+                                "finish_reason": "tool_call",
+                            }
+                        ]
+                    ),
+                },
+            ):
+                pass
+            with tracer.start_as_current_span(
+                f"execute_tool {tool}",
+                kind=trace.SpanKind.INTERNAL,
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.agent.name": AGENT,
+                    "gen_ai.tool.name": tool,
+                    "gen_ai.tool.type": "function",
+                    "gen_ai.tool.call.id": call_id,
+                    "gen_ai.tool.call.arguments": json.dumps(args),
+                    "gen_ai.tool.call.result": json.dumps(answers[tool]),
+                },
+            ) as span:
+                span.set_status(Status(StatusCode.OK))
+        with tracer.start_as_current_span(
+            f"chat {MODEL}",
+            kind=trace.SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": "demo",
+                "gen_ai.request.model": MODEL,
+                "gen_ai.usage.input_tokens": 400,
+                "gen_ai.usage.output_tokens": 30,
+            },
+        ):
+            pass
+        return format(root.get_span_context().trace_id, "032x")
+
+
+def run_all(provider: TracerProvider, invoices: tuple[Invoice, ...] = INVOICES) -> list[str]:
+    tracer = provider.get_tracer("otel_plumb.demo.agent")
+    return [run_invoice(tracer, invoice) for invoice in invoices]

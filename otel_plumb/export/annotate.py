@@ -1,0 +1,159 @@
+"""Annotated spans: the original OTLP spans, unchanged apart from added plumb.* attributes and
+``plumb.violation`` events, grouped back into ResourceSpans/ScopeSpans for export.
+
+The receivers keep each span's proto message with an ``Origin`` (its ResourceSpans and
+ScopeSpans, shared by all spans of that group), so the exported request carries the same
+resource, scope and schema URLs the agent sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+from otel_plumb.model import Trajectory, Verdict
+from otel_plumb.receive.otlp import to_key_values
+
+VIOLATION_EVENT = "plumb.violation"
+
+
+class Origin:
+    """Where a span came from: the ResourceSpans and ScopeSpans it was received in."""
+
+    __slots__ = ("resource_spans", "scope_spans")
+
+    def __init__(self, resource_spans: ResourceSpans, scope_spans: ScopeSpans) -> None:
+        self.resource_spans = resource_spans
+        self.scope_spans = scope_spans
+
+
+# What the assembler keeps per span so it can be forwarded unchanged.
+Payload = tuple[Span, Origin]
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
+
+
+def violation_event_attributes(v: Verdict) -> dict[str, Any]:
+    return {
+        "invariant": v.invariant,
+        "severity": v.severity,
+        "message": v.message,
+        "expected": _text(v.expected),
+        "got": _text(v.got),
+    }
+
+
+def trajectory_attributes(status: str, policies: Sequence[str], failures: Sequence[Verdict]) -> dict[str, Any]:
+    return {
+        "plumb.verdict": status,
+        "plumb.policy": ",".join(policies),
+        "plumb.violations.count": len(failures),
+        "plumb.violations.ids": list(dict.fromkeys(v.invariant for v in failures)),
+    }
+
+
+def annotate(
+    payloads: Sequence[Payload],
+    trajectory: Trajectory,
+    status: str,
+    policies: Sequence[str],
+    verdicts: Iterable[Verdict],
+) -> None:
+    """Add the verdict annotations to the spans of one trajectory, in place.
+
+    Root span: plumb.verdict, plumb.policy, plumb.violations.count, plumb.violations.ids. Each
+    offending span: plumb.violation.ids and one ``plumb.violation`` event per violation. A
+    violation localised to no step (a missing call) goes on the root span.
+    """
+    failures = [v for v in verdicts if v.verdict == "fail"]
+    by_id = {span.span_id.hex(): span for span, _ in payloads}
+    root = by_id.get(trajectory.root_span_id or "")
+    if root is None and payloads:
+        # No root received: the earliest span stands for the trajectory.
+        root = min((span for span, _ in payloads), key=lambda s: s.start_time_unix_nano)
+    if root is not None:
+        root.attributes.extend(to_key_values(trajectory_attributes(status, policies, failures)))
+    offending: dict[int, tuple[Span, list[Verdict]]] = {}
+    for v in failures:
+        span = by_id.get(v.span_id or "") or root
+        if span is None:
+            continue
+        offending.setdefault(id(span), (span, []))[1].append(v)
+    for span, vs in offending.values():
+        span.attributes.extend(to_key_values({"plumb.violation.ids": list(dict.fromkeys(v.invariant for v in vs))}))
+        for v in vs:
+            event = span.events.add()
+            event.name = VIOLATION_EVENT
+            event.time_unix_nano = span.end_time_unix_nano or span.start_time_unix_nano
+            event.attributes.extend(to_key_values(violation_event_attributes(v)))
+
+
+def build_requests(payloads: Iterable[Payload], max_spans: int) -> list[tuple[ExportTraceServiceRequest, int]]:
+    """Group spans back under their resource and scope; at most ``max_spans`` spans per request."""
+    out: list[tuple[ExportTraceServiceRequest, int]] = []
+    request = ExportTraceServiceRequest()
+    count = 0
+    groups: dict[int, ResourceSpans] = {}
+    scopes: dict[tuple[int, int], ScopeSpans] = {}
+    for span, origin in payloads:
+        if count >= max_spans:
+            out.append((request, count))
+            request, count, groups, scopes = ExportTraceServiceRequest(), 0, {}, {}
+        rs_key, ss_key = id(origin.resource_spans), id(origin.scope_spans)
+        rs = groups.get(rs_key)
+        if rs is None:
+            rs = groups[rs_key] = request.resource_spans.add()
+            rs.resource.CopyFrom(origin.resource_spans.resource)
+            rs.schema_url = origin.resource_spans.schema_url
+        ss = scopes.get((rs_key, ss_key))
+        if ss is None:
+            ss = scopes[(rs_key, ss_key)] = rs.scope_spans.add()
+            ss.scope.CopyFrom(origin.scope_spans.scope)
+            ss.schema_url = origin.scope_spans.schema_url
+        ss.spans.append(span)
+        count += 1
+    if count:
+        out.append((request, count))
+    return out
+
+
+def verdict_span_request(
+    trajectory: Trajectory, status: str, policies: Sequence[str], verdicts: Iterable[Verdict]
+) -> ExportTraceServiceRequest:
+    """Passthrough mode: the spans went out already, so the verdict travels as one small span in
+    the same trace, a child of the root, with the same attributes and events the root would get."""
+    failures = [v for v in verdicts if v.verdict == "fail"]
+    request = ExportTraceServiceRequest()
+    rs = request.resource_spans.add()
+    rs.resource.attributes.extend(to_key_values({"service.name": "otel-plumb"}))
+    ss = rs.scope_spans.add()
+    ss.scope.name = "otel_plumb"
+    now = time.time_ns()
+    span = ss.spans.add()
+    span.trace_id = bytes.fromhex(trajectory.trace_id)
+    span.span_id = os.urandom(8)
+    if trajectory.root_span_id:
+        span.parent_span_id = bytes.fromhex(trajectory.root_span_id)
+    span.name = "plumb.verdict"
+    span.kind = Span.SPAN_KIND_INTERNAL
+    span.start_time_unix_nano = span.end_time_unix_nano = now
+    span.attributes.extend(to_key_values(trajectory_attributes(status, policies, failures)))
+    for v in failures:
+        event = span.events.add()
+        event.name = VIOLATION_EVENT
+        event.time_unix_nano = now
+        attrs = violation_event_attributes(v)
+        if v.span_id:
+            attrs["span_id"] = v.span_id
+        event.attributes.extend(to_key_values(attrs))
+    return request

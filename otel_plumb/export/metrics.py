@@ -1,0 +1,143 @@
+"""Prometheus metrics (SPEC section 6 names) with capped label values, and the HTTP endpoint
+that serves them with /healthz and /readyz.
+
+Built on prometheus-client with a registry per processor, so several processors can share a
+Python process (tests, campaigns). Exemplars carry trace_id; they appear when the scraper asks
+for the OpenMetrics format (Prometheus does, with exemplar storage enabled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+
+from otel_plumb.model import Trajectory, Verdict
+
+OVERFLOW = "__overflow__"
+# From 10 ms to ~5 min: decisions wait for idle_timeout (seconds) and at most max_wait (minutes).
+DECISION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120, 300)
+
+
+M = TypeVar("M", Counter, Gauge)
+
+
+class _Capped(Generic[M]):
+    """A labelled metric whose label values are capped: past ``cap`` distinct values per label,
+    new values become ``__overflow__`` so a misbehaving client cannot blow up the series count."""
+
+    __slots__ = ("_cap", "_seen", "metric")
+
+    def __init__(self, metric: M, label_names: Sequence[str], cap: int) -> None:
+        self.metric: M = metric
+        self._cap = cap
+        self._seen: list[set[str]] = [set() for _ in label_names]
+
+    def labels(self, *values: str | None) -> M:
+        capped = []
+        for seen, value in zip(self._seen, values, strict=True):
+            v = "" if value is None else str(value)
+            if v not in seen:
+                if len(seen) >= self._cap:
+                    v = OVERFLOW
+                else:
+                    seen.add(v)
+            capped.append(v)
+        child: M = self.metric.labels(*capped)
+        return child
+
+
+class Metrics:
+    def __init__(self, max_label_values: int = 200) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r, cap = self.registry, max_label_values
+
+        def counter(name: str, doc: str, labels: Sequence[str]) -> _Capped[Counter]:
+            return _Capped(Counter(name, doc, labels, registry=r), labels, cap)
+
+        self.spans_received = counter("plumb_spans_received", "Spans accepted by a receiver.", ["receiver"])
+        self.spans_dropped = counter("plumb_spans_dropped", "Spans not processed, by reason.", ["reason"])
+        self.traces_in_flight = Gauge("plumb_traces_in_flight", "Traces buffered, not yet decided.", registry=r)
+        self.trajectories = counter(
+            "plumb_trajectories", "Decided trajectories by status.", ["policy", "agent", "status"]
+        )
+        self.invariant_checks = counter(
+            "plumb_invariant_checks", "Invariant verdicts.", ["policy", "invariant", "severity", "verdict"]
+        )
+        self.violations = counter("plumb_violations", "Failed invariants.", ["policy", "invariant", "severity"])
+        self.tool_calls = counter("plumb_tool_calls", "Tool steps seen.", ["agent", "tool", "outcome"])
+        self.coverage_tool_calls = counter(
+            "plumb_coverage_tool_calls", "Tool steps by whether their arguments were captured.", ["agent", "arguments"]
+        )
+        self.export_spans = counter("plumb_export_spans", "Spans sent downstream, by outcome.", ["exporter", "outcome"])
+        self.export_queue = _Capped(
+            Gauge("plumb_export_queue_spans", "Spans waiting for export (memory and disk).", ["exporter"], registry=r),
+            ["exporter"],
+            cap,
+        )
+        self.decision_seconds = Histogram(
+            "plumb_trajectory_decision_seconds",
+            "Time from a trajectory's first span arriving to its verdict.",
+            buckets=DECISION_BUCKETS,
+            registry=r,
+        )
+        # Not in the fixed SPEC set: spans forwarded but not checked (late, over_limit, unreadable).
+        self.spans_unchecked = counter(
+            "plumb_spans_unchecked", "Spans forwarded without being checked, by reason.", ["reason"]
+        )
+        for reason in ("malformed", "export_rejected"):
+            self.spans_dropped.labels(reason)
+
+    def record_trajectory(
+        self,
+        trajectory: Trajectory,
+        new_failures: Sequence[Verdict],
+        verdicts: Sequence[Verdict],
+        status: str,
+        policies: Sequence[str],
+        seconds: float,
+    ) -> None:
+        """Count one decided trajectory. ``new_failures``: the failed verdicts not already
+        counted in plumb_violations_total when they were reported early."""
+        exemplar = {"trace_id": trajectory.trace_id} if trajectory.trace_id else None
+        agent = trajectory.agent or trajectory.service or ""
+        for policy in policies or ("",):
+            self.trajectories.labels(policy, agent, status).inc(exemplar=exemplar)
+        for v in verdicts:
+            self.invariant_checks.labels(v.policy, v.invariant, v.severity, v.verdict).inc()
+        for v in new_failures:
+            self.violations.labels(v.policy, v.invariant, v.severity).inc(exemplar=exemplar)
+        for step in trajectory.steps:
+            if step.kind != "tool":
+                continue
+            step_agent = step.agent or agent
+            self.tool_calls.labels(step_agent, step.name, "ok" if step.error is None else "error").inc()
+            self.coverage_tool_calls.labels(step_agent, step.args_status).inc()
+        self.decision_seconds.observe(seconds, exemplar=exemplar)
+
+    def render(self, accept: str) -> tuple[bytes, str]:
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
+
+
+def metrics_app(metrics: Metrics, ready: Callable[[], bool]) -> web.Application:
+    async def scrape(request: web.Request) -> web.Response:
+        body, content_type = metrics.render(request.headers.get("Accept", ""))
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_request: web.Request) -> web.Response:
+        if ready():
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", scrape)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app

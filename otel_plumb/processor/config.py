@@ -1,0 +1,247 @@
+"""The processor's configuration: one YAML file, validated by pydantic, overridable by flags.
+
+Secrets come from the environment with the Collector's ``${env:NAME}`` syntax (``${env:NAME:-default}``
+for a default, ``$${`` for a literal ``${``). Every error names the file, the line and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_ENV = re.compile(r"\$(\$?)\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names file, line and key."""
+
+
+def _duration(value: Any) -> Any:
+    """Seconds as a number, or a string such as ``500ms``, ``2s``, ``5m`` (as in Collector configs)."""
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m is None:
+            raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 2s, 5m)")
+        return float(m.group(1)) * _UNITS[m.group(2)]
+    return value
+
+
+Seconds = Annotated[float, BeforeValidator(_duration), Field(ge=0)]
+
+
+def parse_hostport(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _check_hostport(value: str) -> str:
+    parse_hostport(value)
+    return value
+
+
+Endpoint = Annotated[str, BeforeValidator(lambda v: _check_hostport(str(v)))]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReceiverConfig(_Model):
+    endpoint: Endpoint
+    enabled: bool = True
+
+
+class ReceiversConfig(_Model):
+    grpc: ReceiverConfig = ReceiverConfig(endpoint="127.0.0.1:4317")
+    http: ReceiverConfig = ReceiverConfig(endpoint="127.0.0.1:4318")
+    # LLM payloads exceed gRPC's 4 MiB default.
+    max_message_mib: float = Field(default=16.0, gt=0)
+    # Back-pressure: above this many spans held for assembly, requests are refused as retryable.
+    max_buffered_spans: int = Field(default=200_000, ge=1)
+    # What clients are told to wait before retrying a throttled request.
+    retry_after: Seconds = 1.0
+
+
+class AssemblyConfig(_Model):
+    idle_timeout: Seconds = 2.0
+    max_wait: Seconds = 300.0
+    max_traces: int = Field(default=10_000, ge=1)
+    max_spans_per_trace: int = Field(default=5_000, ge=1)
+    group_by: Literal["trace", "session"] = "trace"
+    session_idle_timeout: Seconds = 30.0
+    # How often buffered traces are looked at; bounds the decision delay beyond idle_timeout.
+    tick: Seconds = Field(default=0.1, gt=0)
+
+
+class RetryConfig(_Model):
+    initial_interval: Seconds = 0.5
+    max_interval: Seconds = 30.0
+    multiplier: float = Field(default=2.0, ge=1)
+    # +/- this fraction of randomness on each wait, so many processors do not retry in step.
+    jitter: float = Field(default=0.2, ge=0, le=1)
+
+
+class QueueConfig(_Model):
+    # Spans kept in memory ready to send; the rest wait on disk only.
+    memory_spans: int = Field(default=50_000, ge=1)
+    # Spans accepted for export (memory + disk) before receivers start throttling.
+    max_spans: int = Field(default=1_000_000, ge=1)
+    # Spans per outgoing request.
+    batch_spans: int = Field(default=2_048, ge=1)
+    # Requests in flight to the backend at once.
+    concurrency: int = Field(default=2, ge=1)
+
+
+def default_state_dir() -> str:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return str(Path(base) / "otel-plumb")
+
+
+class OtlpExporterConfig(_Model):
+    endpoint: str
+    headers: dict[str, str] = Field(default_factory=dict)
+    mode: Literal["annotate", "passthrough"] = "annotate"
+    timeout: Seconds = 10.0
+    compression: Literal["none", "gzip"] = "none"
+    queue: QueueConfig = QueueConfig()
+    retry: RetryConfig = RetryConfig()
+    state_dir: str = Field(default_factory=default_state_dir)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _scheme(cls, v: str) -> str:
+        scheme, sep, rest = v.partition("://")
+        if not sep or scheme not in ("grpc", "grpcs", "http", "https") or not rest:
+            raise ValueError(f"expected grpc://HOST:PORT, grpcs://HOST:PORT or http(s)://HOST:PORT[/path], got {v!r}")
+        if scheme.startswith("grpc"):
+            parse_hostport(rest.rstrip("/"))
+        return v
+
+
+class ExportersConfig(_Model):
+    otlp: OtlpExporterConfig | None = None
+
+
+class MetricsConfig(_Model):
+    # Empty string: no metrics endpoint.
+    endpoint: str = "127.0.0.1:9464"
+    # Distinct values kept per label before new ones are folded into "__overflow__".
+    max_label_values: int = Field(default=200, ge=1)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        return _check_hostport(v) if v else v
+
+
+class VerdictLogConfig(_Model):
+    path: str | None = None
+
+
+class LoggingConfig(_Model):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    json_format: bool = Field(default=False, alias="json")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ShutdownConfig(_Model):
+    grace_period: Seconds = 30.0
+
+
+class ProcessorConfig(_Model):
+    receivers: ReceiversConfig = ReceiversConfig()
+    assembly: AssemblyConfig = AssemblyConfig()
+    policies: list[str] = Field(default_factory=list)
+    exporters: ExportersConfig = ExportersConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    verdict_log: VerdictLogConfig = VerdictLogConfig()
+    logging: LoggingConfig = LoggingConfig()
+    shutdown: ShutdownConfig = ShutdownConfig()
+
+
+def substitute_env(text: str, source: str = "<config>") -> str:
+    """Replace ``${env:NAME}`` (Collector syntax). An unset variable without a default is an error."""
+
+    def repl(m: re.Match[str]) -> str:
+        if m.group(1):  # $${...} is a literal ${...}
+            return m.group(0)[1:]
+        name, default = m.group(2), m.group(3)
+        value = os.environ.get(name)
+        if value is None:
+            if default is not None:
+                return default
+            line = text.count("\n", 0, m.start()) + 1
+            raise ConfigError(f"{source}:{line}: environment variable {name} is not set (referenced as {m.group(0)})")
+        return value
+
+    return _ENV.sub(repl, text)
+
+
+def _line_of(node: yaml.Node | None, loc: Sequence[int | str]) -> tuple[int | None, str]:
+    """The YAML line of the deepest node on ``loc`` that exists, and the key path as text."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((kv for kv in node.value if getattr(kv[0], "value", None) == part), None)
+            if match is None:
+                break
+            line, node = match[0].start_mark.line + 1, match[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line, ".".join(str(p) for p in loc)
+
+
+def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None) -> ProcessorConfig:
+    """The config from ``path`` (none: SPEC defaults), with ``overrides`` (dotted keys) applied on top."""
+    source = str(path) if path is not None else "<defaults>"
+    data: dict[str, Any] = {}
+    node: yaml.Node | None = None
+    if path is not None:
+        try:
+            raw = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{source}: cannot read: {exc.strerror}") from exc
+        text = substitute_env(raw, source)
+        try:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f":{mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{source}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{source}:1: the config must be a mapping of sections")
+        data = loaded or {}
+    for dotted, value in (overrides or {}).items():
+        target = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            child = target.get(p)
+            if not isinstance(child, dict):
+                child = target[p] = {}
+            target = child
+        target[leaf] = value
+    try:
+        return ProcessorConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            line, key = _line_of(node, err["loc"])
+            where = f"{source}:{line}" if line is not None else source
+            what = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            lines.append(f"{where}: {key}: {what}")
+        raise ConfigError("\n".join(lines)) from exc

@@ -1,0 +1,40 @@
+"""What the receivers hand requests to (the processor), and how it says "not now"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+
+class Throttled(Exception):
+    """The request was not taken; the client should retry after ``retry_after`` seconds.
+
+    ``overloaded`` is True for back-pressure (buffers or export queue full) and False while
+    shutting down; the receivers map it to RESOURCE_EXHAUSTED/429 or UNAVAILABLE/503.
+    """
+
+    def __init__(self, retry_after: float, reason: str, overloaded: bool = True) -> None:
+        super().__init__(reason)
+        self.retry_after = retry_after
+        self.reason = reason
+        self.overloaded = overloaded
+
+
+@dataclass(slots=True)
+class IngestResult:
+    """OTLP partial success: how many spans of the request were refused, and why."""
+
+    rejected_spans: int = 0
+    error_message: str = ""
+
+
+class SpanSink(Protocol):
+    async def ingest(self, request: ExportTraceServiceRequest, receiver: str) -> IngestResult:
+        """Take every span of the request, or raise Throttled before taking any."""
+        ...
+
+    def malformed(self, receiver: str, reason: str) -> None:
+        """Count a request that could not be decoded."""
+        ...

@@ -1,0 +1,71 @@
+"""OTLP/gRPC receiver on grpc.aio: TraceService/Export.
+
+The method is registered with a generic handler taking raw bytes rather than through the
+generated servicer, so that an undecodable request is answered INVALID_ARGUMENT and counted
+(the generated stub would fail inside gRPC, uncounted). Throttling follows the OTLP spec:
+RESOURCE_EXHAUSTED (overloaded) or UNAVAILABLE (shutting down) with a google.rpc.RetryInfo in
+the status details, which the OTel SDK exporters and the Collector honour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.message import DecodeError
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from otel_plumb.processor.sink import SpanSink, Throttled
+
+SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+
+
+def retry_status(exc: Throttled) -> grpc.Status:
+    info = error_details_pb2.RetryInfo()
+    info.retry_delay.CopyFrom(Duration(seconds=int(exc.retry_after), nanos=int(exc.retry_after % 1 * 1e9)))
+    status = status_pb2.Status(
+        code=code_pb2.RESOURCE_EXHAUSTED if exc.overloaded else code_pb2.UNAVAILABLE, message=exc.reason
+    )
+    status.details.add().Pack(info)
+    grpc_status = rpc_status.to_status(status)
+    # Also the bare RetryInfo header the OTel Python exporter reads.
+    metadata = (*grpc_status.trailing_metadata, ("google.rpc.retryinfo-bin", info.SerializeToString()))
+    return grpc.Status(grpc_status.code, grpc_status.details, metadata)  # type: ignore[call-arg]
+
+
+def trace_service_handler(sink: SpanSink, receiver: str = "grpc") -> grpc.GenericRpcHandler[bytes, bytes]:
+    async def export(raw: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        try:
+            request = ExportTraceServiceRequest.FromString(raw)
+        except DecodeError as exc:
+            sink.malformed(receiver, str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not an ExportTraceServiceRequest: {exc}")
+        try:
+            result = await sink.ingest(request, receiver)
+        except Throttled as exc:
+            await context.abort_with_status(retry_status(exc))  # type: ignore[attr-defined]
+        response = ExportTraceServiceResponse()
+        if result.rejected_spans:
+            response.partial_success.rejected_spans = result.rejected_spans
+            response.partial_success.error_message = result.error_message
+        return response.SerializeToString()
+
+    handler: Callable[[bytes, grpc.aio.ServicerContext[bytes, bytes]], Awaitable[bytes]] = export
+    return grpc.method_handlers_generic_handler(
+        SERVICE, {"Export": grpc.unary_unary_rpc_method_handler(handler)}
+    )
+
+
+def create_server(max_message_bytes: int) -> grpc.aio.Server:
+    return grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+    )
