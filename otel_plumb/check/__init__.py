@@ -1,0 +1,9 @@
+"""Check stage: policies (YAML, compiled once) and verdicts per trajectory (SPEC section 4).
+
+Pure: no I/O except reading the policy and its context file when it is loaded.
+"""
+
+from otel_plumb.check.errors import PolicyError
+from otel_plumb.check.policy import CompiledInvariant, CompiledPolicy, evaluate_all, load_policies, load_policy
+
+__all__ = ["CompiledInvariant", "CompiledPolicy", "PolicyError", "evaluate_all", "load_policies", "load_policy"]

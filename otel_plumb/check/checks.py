@@ -1,0 +1,420 @@
+"""The check kinds. Each looks at the steps in scope and returns an ``Outcome``.
+
+Rules shared by all: a failed call did not happen (only successful calls satisfy or count,
+except ``never_call`` with ``attempts`` and budgets, which count effort); arguments that were
+not captured make an argument check indeterminate, never a pass; on an incomplete trajectory
+a check that a later span could still satisfy (``must_call``, ``responds``, ``call_count``
+min) is indeterminate rather than failed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from otel_plumb.check.expr import EvaluationError, Expression
+from otel_plumb.check.values import MISSING, CompareMode, PathSegment, equal, lookup, plain
+from otel_plumb.model import Step, Trajectory, VerdictValue
+
+Tools = frozenset[str]
+
+
+@dataclass(slots=True)
+class Outcome:
+    verdict: VerdictValue
+    step: Step | None = None
+    message: str = ""
+    expected: Any = None
+    got: Any = None
+
+
+PASS = Outcome("pass")
+
+
+def tools_text(tools: Tools) -> str:
+    return " or ".join(sorted(tools))
+
+
+class Run:
+    """One trajectory as seen by one policy: its steps, its ground truth, and the maps CEL
+    expressions read, built lazily once and shared by all invariants of the policy."""
+
+    __slots__ = ("_cel_steps", "_cel_trajectory", "complete", "ctx", "trajectory")
+
+    def __init__(self, trajectory: Trajectory, ctx: dict[str, Any], complete: bool) -> None:
+        self.trajectory = trajectory
+        self.ctx = ctx
+        self.complete = complete
+        self._cel_steps: list[dict[str, Any]] | None = None
+        self._cel_trajectory: dict[str, Any] | None = None
+
+    @property
+    def steps(self) -> list[Step]:
+        return self.trajectory.steps
+
+    def cel_steps(self, steps: Sequence[Step]) -> list[dict[str, Any]]:
+        if self._cel_steps is None:
+            self._cel_steps = [cel_step(s) for s in self.trajectory.steps]
+        if steps is self.trajectory.steps:
+            return self._cel_steps
+        by_position = {s.index: i for i, s in enumerate(self.trajectory.steps)}
+        return [self._cel_steps[by_position[s.index]] for s in steps]
+
+    def cel_trajectory(self) -> dict[str, Any]:
+        if self._cel_trajectory is None:
+            t = self.trajectory
+            self._cel_trajectory = {
+                "key": t.key,
+                "trace_id": t.trace_id,
+                "service": t.service,
+                "agent": t.agent,
+                "complete": self.complete,
+                "duration_ms": max(0, t.end_ns - t.start_ns) / 1e6,
+                "step_count": len(t.steps),
+                "attributes": t.attributes,
+            }
+        return self._cel_trajectory
+
+    def activation(self, expression: Expression, steps: Sequence[Step], **extra: Any) -> dict[str, Any]:
+        """The variables ``expression`` reads, and only those (building ``steps`` costs)."""
+        names = expression.variables
+        act: dict[str, Any] = {k: v for k, v in extra.items() if k in names}
+        if "ctx" in names:
+            act["ctx"] = self.ctx
+        if "steps" in names:
+            act["steps"] = self.cel_steps(steps)
+        if "trajectory" in names:
+            act["trajectory"] = self.cel_trajectory()
+        return act
+
+
+def cel_step(s: Step) -> dict[str, Any]:
+    return {
+        "index": s.index,
+        "kind": s.kind,
+        "name": s.name,
+        "span_id": s.span_id,
+        "args": s.args if s.args_status == "captured" else None,
+        "args_status": s.args_status,
+        "result": s.result if s.result_status == "captured" else None,
+        "result_status": s.result_status,
+        "error": s.error,
+        "agent": s.agent,
+        "source": s.source,
+        "duration_ms": s.duration_ms,
+        "tokens": s.tokens,
+    }
+
+
+def step_summary(s: Step) -> dict[str, Any]:
+    """What a verdict's ``got`` shows of a step."""
+    out: dict[str, Any] = {"step": s.index, "name": s.name}
+    if s.args_status == "captured":
+        out["args"] = s.args
+    if s.error is not None:
+        out["error"] = s.error
+    return out
+
+
+def _calls(steps: Sequence[Step], tools: Tools, *, attempts: bool = False) -> list[Step]:
+    return [s for s in steps if s.kind == "tool" and s.name in tools and (attempts or s.error is None)]
+
+
+class Check:
+    """Base: ``early`` marks kinds whose fail on a partial trajectory is final (SPEC 6);
+    ``final_fail`` whether a fail on an incomplete trajectory stands."""
+
+    early = False
+    final_fail = True
+
+    def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
+        raise NotImplementedError
+
+
+class MustCall(Check):
+    def __init__(self, tools: Tools) -> None:
+        self.tools = tools
+
+    def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
+        if _calls(steps, self.tools):
+            return PASS
+        failed = _calls(steps, self.tools, attempts=True)
+        expected = f"a successful call of {tools_text(self.tools)}"
+        got = f"{len(failed)} failed call(s)" if failed else "no call"
+        if not run.complete:
+            return Outcome(
+                "indeterminate", None, f"{expected} not seen yet and the trajectory is incomplete", expected, got
+            )
+        why = " (a failed call did not happen)" if failed else ""
+        return Outcome("fail", None, f"{tools_text(self.tools)} was never called successfully{why}", expected, got)
+
+
+class NeverCall(Check):
+    early = True
+
+    def __init__(self, tools: Tools, attempts: bool) -> None:
+        self.tools = tools
+        self.attempts = attempts
+
+    def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
+        calls = _calls(steps, self.tools, attempts=self.attempts)
+        if not calls:
+            return PASS
+        s = calls[0]
+        what = "attempted" if s.error is not None else "called"
+        return Outcome(
+            "fail", s, f"{s.name} was {what} at step {s.index}", f"no call of {tools_text(self.tools)}", step_summary(s)
+        )
+
+
+class CallCount(Check):
+    early = True
+
+    def __init__(self, tools: Tools, low: int | None, high: int | None) -> None:
+        self.tools, self.low, self.high = tools, low, high
+
+    def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
+        calls = _calls(steps, self.tools)
+        n = len(calls)
+        name = tools_text(self.tools)
+        if self.high is not None and n > self.high:
+            s = calls[self.high]
+            return Outcome(
+                "fail", s, f"{name} called successfully {n} times, at most {self.high} allowed; "
+                f"call {self.high + 1} is step {s.index}", f"at most {self.high}", n,
+            )  # fmt: skip
+        if self.low is not None and n < self.low:
+            if not run.complete:
+                return Outcome("indeterminate", None, f"{name}: {n} of at least {self.low} calls so far; "
+                               "the trajectory is incomplete", f"at least {self.low}", n)  # fmt: skip
+            return Outcome("fail", None, f"{name} called successfully {n} times, at least {self.low} required",
+                           f"at least {self.low}", n)  # fmt: skip
+        return PASS
+
+
+class Precedes(Check):
+    early = True
+
+    def __init__(self, first: Tools, then: Tools) -> None:
+        self.first, self.then = first, then
+
+    def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
+        for s in steps:
+            if s.kind != "tool" or s.error is not None:
+                continue
+            if s.name in self.first:
+                return PASS
+            if s.name in self.then:
+                return Outcome(
+                    "fail", s, f"{s.name} at step {s.index} without an earlier successful {tools_text(self.first)}",
+                    f"{tools_text(self.first)} before {tools_text(self.then)}", step_summary(s),
+                )  # fmt: skip
+        return PASS
+
+
+class Responds(Check):
+    def __init__(self, trigger: Tools, then: Tools) -> None:
+        self.trigger, self.then = trigger, then
+
+    def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
+        waiting: Step | None = None
+        for s in steps:
+            if s.kind != "tool" or s.error is not None:
+                continue
+            if s.name in self.then and waiting is not None and s.index > waiting.index:
+                waiting = None
+            elif s.name in self.trigger and waiting is None:
+                waiting = s
+        if waiting is None:
+            return PASS
+        expected = f"a successful {tools_text(self.then)} after {waiting.name}"
+        if not run.complete:
+            return Outcome("indeterminate", waiting, f"no response to step {waiting.index} yet; "
+                           "the trajectory is incomplete", expected, "nothing yet")  # fmt: skip
+        return Outcome(
+            "fail", waiting, f"{waiting.name} at step {waiting.index} was never followed by a successful "
+            f"{tools_text(self.then)}", expected, "no response",
+        )  # fmt: skip
+
+
+class ArgumentCheck(Check):
+    """Checks one argument of every successful call of ``tools``. Aggregation: the first
+    failing call decides; else any undecidable call makes it indeterminate; else pass."""
+
+    def __init__(self, tools: Tools, arg: str, path: tuple[PathSegment, ...]) -> None:
+        self.tools, self.arg, self.path = tools, arg, path
+
+    def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
+        calls = _calls(steps, self.tools)
+        if not calls:
+            return Outcome("not_applicable", None, f"no successful call of {tools_text(self.tools)}")
+        undecided: Outcome | None = None
+        for s in calls:
+            if s.args_status != "captured":
+                out = Outcome("indeterminate", s, f"arguments of step {s.index} ({s.name}) are {s.args_status}, "
+                              "not captured")  # fmt: skip
+            else:
+                out = self.check_call(run, s, lookup(s.args, self.path))
+            if out.verdict == "fail":
+                return out
+            if out.verdict == "indeterminate" and undecided is None:
+                undecided = out
+        return undecided or PASS
+
+    def check_call(self, run: Run, step: Step, value: Any) -> Outcome:
+        raise NotImplementedError
+
+    def missing(self, step: Step, expected: Any) -> Outcome:
+        return Outcome("fail", step, f"{step.name} at step {step.index} has no argument {self.arg}", expected, None)
+
+
+class ArgEquals(ArgumentCheck):
+    def __init__(
+        self,
+        tools: Tools,
+        arg: str,
+        path: tuple[PathSegment, ...],
+        expected: Callable[[Run, Step], tuple[Any, str | None]],
+        mode: CompareMode,
+        tolerance: Decimal,
+    ) -> None:
+        super().__init__(tools, arg, path)
+        self.expected = expected
+        self.mode, self.tolerance = mode, tolerance
+
+    def check_call(self, run: Run, step: Step, value: Any) -> Outcome:
+        expected, why_unknown = self.expected(run, step)
+        if why_unknown is not None:
+            return Outcome("indeterminate", step, f"expected value unknown: {why_unknown}", None, plain(value))
+        if value is MISSING:
+            return self.missing(step, plain(expected))
+        if equal(value, expected, self.mode, self.tolerance):
+            return PASS
+        tol = f" (tolerance {self.tolerance})" if self.tolerance else ""
+        return Outcome("fail", step, f"{step.name} at step {step.index}: {self.arg} is {value!r}, expected "
+                       f"{plain(expected)!r}{tol}", plain(expected), plain(value))  # fmt: skip
+
+
+class ArgMatches(ArgumentCheck):
+    def __init__(self, tools: Tools, arg: str, path: tuple[PathSegment, ...], regex: re.Pattern[str]) -> None:
+        super().__init__(tools, arg, path)
+        self.regex = regex
+
+    def check_call(self, run: Run, step: Step, value: Any) -> Outcome:
+        expected = f"matches {self.regex.pattern}"
+        if value is MISSING:
+            return self.missing(step, expected)
+        if isinstance(value, str):
+            text = value
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            text = str(value)
+        else:
+            return Outcome("fail", step, f"{self.arg} at step {step.index} is not text", expected, value)
+        if self.regex.search(text):
+            return PASS
+        return Outcome("fail", step, f"{step.name} at step {step.index}: {self.arg} {text!r} does not match "
+                       f"{self.regex.pattern!r}", expected, value)  # fmt: skip
+
+
+class ArgSatisfies(ArgumentCheck):
+    def __init__(self, tools: Tools, expression: Expression) -> None:
+        super().__init__(tools, "args", ())
+        self.expression = expression
+        self.final_fail = not ({"steps", "trajectory"} & expression.variables)
+
+    def check_call(self, run: Run, step: Step, value: Any) -> Outcome:
+        names = self.expression.variables
+        if "result" in names and step.result_status != "captured":
+            return Outcome("indeterminate", step, f"result of step {step.index} is {step.result_status}, not captured")
+        act = run.activation(
+            self.expression, run.steps, args=step.args, result=step.result,
+            step=cel_step(step) if "step" in names else None,
+        )  # fmt: skip
+        try:
+            ok = self.expression.test(act)
+        except EvaluationError as exc:
+            return Outcome("indeterminate", step, f"{self.expression.source}: {exc}")
+        if ok:
+            return PASS
+        return Outcome("fail", step, f"{step.name} at step {step.index} does not satisfy {self.expression.source}",
+                       self.expression.source, step.args)  # fmt: skip
+
+
+class Budget(Check):
+    early = True
+
+    def __init__(self, limits: dict[str, float | int]) -> None:
+        self.limits = limits
+
+    def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
+        unknown: Outcome | None = None
+        for name, limit in self.limits.items():
+            if name == "max_duration_ms":
+                out = _duration(steps, limit)
+            elif name == "max_tokens":
+                out = _tokens(steps, int(limit))
+            else:
+                counted = _BUDGET_COUNTS[name](steps)
+                out = PASS
+                if len(counted) > limit:
+                    s = counted[int(limit)]
+                    what = name.removeprefix("max_").replace("_", " ")
+                    message = f"{what} {len(counted)} > {limit}; the limit was crossed at step {s.index}"
+                    out = Outcome("fail", s, message, f"<= {limit}", len(counted))
+            if out.verdict == "fail":
+                return out
+            if out.verdict == "indeterminate" and unknown is None:
+                unknown = out
+        return unknown or PASS
+
+
+_BUDGET_COUNTS: dict[str, Callable[[Sequence[Step]], list[Step]]] = {
+    "max_steps": lambda steps: list(steps),
+    "max_tool_calls": lambda steps: [s for s in steps if s.kind == "tool"],
+    "max_llm_calls": lambda steps: [s for s in steps if s.kind == "llm"],
+    "max_tool_errors": lambda steps: [s for s in steps if s.kind == "tool" and s.error is not None],
+}
+
+
+def _duration(steps: Sequence[Step], limit: float) -> Outcome:
+    if not steps:
+        return PASS
+    start = min(s.start_ns for s in steps)
+    end = max(s.end_ns for s in steps)
+    took = (end - start) / 1e6
+    if took <= limit:
+        return PASS
+    over = next((s for s in steps if (s.end_ns - start) / 1e6 > limit), None)
+    return Outcome("fail", over, f"took {took:.0f} ms, more than {limit:g} ms", f"<= {limit:g} ms", round(took, 3))
+
+
+def _tokens(steps: Sequence[Step], limit: int) -> Outcome:
+    total, seen = 0, False
+    for s in steps:
+        if s.tokens is None:
+            continue
+        seen = True
+        total += s.tokens
+        if total > limit:
+            return Outcome("fail", s, f"{total} tokens by step {s.index}, more than {limit}", f"<= {limit}", total)
+    if not seen and any(s.kind == "llm" for s in steps):
+        return Outcome("indeterminate", None, "no token counts recorded on the model calls", f"<= {limit}", None)
+    return PASS
+
+
+class Expr(Check):
+    def __init__(self, expression: Expression) -> None:
+        self.expression = expression
+        self.final_fail = False
+
+    def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
+        try:
+            ok = self.expression.test(run.activation(self.expression, steps))
+        except EvaluationError as exc:
+            return Outcome("indeterminate", None, f"{self.expression.source}: {exc}")
+        if ok:
+            return PASS
+        return Outcome("fail", None, f"{self.expression.source} is false", self.expression.source, False)

@@ -1,0 +1,472 @@
+"""Loading (validate everything, compile once) and evaluating policies."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from otel_plumb.check import checks as ck
+from otel_plumb.check import schema as sc
+from otel_plumb.check.errors import PolicyError
+from otel_plumb.check.expr import EvaluationError, Expression, ExpressionError
+from otel_plumb.check.source import LocatedYaml, load_located
+from otel_plumb.check.values import MISSING, lookup, parse_path
+from otel_plumb.model import Severity, Step, Trajectory, Verdict
+
+GUARD_VARIABLES = ("ctx", "steps", "trajectory")
+ARG_VARIABLES = ("args", "result", "ctx", "step", "steps", "trajectory")
+
+
+class Glob:
+    """``applies_to`` globs: every given field must match (fnmatch, case-sensitive)."""
+
+    __slots__ = ("agent", "service")
+
+    def __init__(self, spec: sc.AppliesTo) -> None:
+        self.service = _glob(spec.service)
+        self.agent = _glob(spec.agent)
+
+    def matches(self, trajectory: Trajectory) -> bool:
+        return _glob_ok(self.service, trajectory.service) and _glob_ok(self.agent, trajectory.agent)
+
+
+def _glob(pattern: str | None) -> re.Pattern[str] | None:
+    return None if pattern is None else re.compile(fnmatch.translate(pattern))
+
+
+def _glob_ok(pattern: re.Pattern[str] | None, value: str | None) -> bool:
+    return pattern is None or (value is not None and pattern.match(value) is not None)
+
+
+class Scope:
+    """Limits a check to part of the trajectory, anchored on successful calls."""
+
+    __slots__ = ("kind", "start", "stop")
+
+    def __init__(self, spec: sc.Scope) -> None:
+        if spec.after is not None:
+            self.kind, self.start, self.stop = "after", _tools(spec.after), frozenset[str]()
+        elif spec.before is not None:
+            self.kind, self.start, self.stop = "before", frozenset[str](), _tools(spec.before)
+        else:
+            assert spec.between is not None
+            self.kind, self.start, self.stop = "between", _tools(spec.between[0]), _tools(spec.between[1])
+
+    def select(self, steps: list[Step]) -> list[Step] | None:
+        """The steps in scope, or None when the scope's opening call never happened."""
+        lo = 0
+        if self.start:
+            i = _first_call(steps, self.start, 0)
+            if i is None:
+                return None
+            lo = i + 1
+        hi = len(steps)
+        if self.stop:
+            j = _first_call(steps, self.stop, lo)
+            hi = len(steps) if j is None else j
+        return steps[lo:hi]
+
+    def text(self) -> str:
+        if self.kind == "after":
+            return f"after {ck.tools_text(self.start)}"
+        if self.kind == "before":
+            return f"before {ck.tools_text(self.stop)}"
+        return f"between {ck.tools_text(self.start)} and {ck.tools_text(self.stop)}"
+
+
+def _first_call(steps: list[Step], tools: ck.Tools, start: int) -> int | None:
+    for i in range(start, len(steps)):
+        s = steps[i]
+        if s.kind == "tool" and s.error is None and s.name in tools:
+            return i
+    return None
+
+
+def _tools(ref: sc.ToolRef) -> ck.Tools:
+    return frozenset([ref] if isinstance(ref, str) else ref)
+
+
+class CompiledInvariant:
+    __slots__ = ("applies", "check", "description", "guard", "id", "kind", "policy", "scope", "severity")
+
+    def __init__(
+        self,
+        policy: str,
+        spec: sc.Invariant,
+        kind: str,
+        check: ck.Check,
+        guard: Expression | None,
+    ) -> None:
+        self.policy = policy
+        self.id = spec.id
+        self.severity: Severity = spec.severity
+        self.description = spec.description
+        self.kind = kind
+        self.check = check
+        self.guard = guard
+        self.applies = Glob(spec.applies_to) if spec.applies_to is not None else None
+        self.scope = Scope(spec.scope) if spec.scope is not None else None
+
+    @property
+    def early(self) -> bool:
+        """Can a fail on a partial trajectory be reported now? Only for kinds whose fails more
+        spans cannot undo, with guards that read nothing but ground truth, and scopes that
+        more spans can only widen."""
+        guard_ok = self.guard is None or not ({"steps", "trajectory"} & self.guard.variables)
+        scope_ok = self.scope is None or self.scope.kind == "after"
+        return self.check.early and guard_ok and scope_ok
+
+    def verdict(self, outcome: ck.Outcome) -> Verdict:
+        s = outcome.step
+        return Verdict(
+            invariant=self.id,
+            policy=self.policy,
+            verdict=outcome.verdict,
+            severity=self.severity,
+            step_index=s.index if s is not None else None,
+            span_id=s.span_id if s is not None else None,
+            message=outcome.message,
+            expected=outcome.expected,
+            got=outcome.got,
+        )
+
+    def evaluate(self, run: ck.Run) -> Verdict:
+        return self.verdict(self.outcome(run))
+
+    def outcome(self, run: ck.Run) -> ck.Outcome:
+        t = run.trajectory
+        if self.applies is not None and not self.applies.matches(t):
+            return ck.Outcome("not_applicable", None, f"not for service {t.service!r}, agent {t.agent!r}")
+        if self.guard is not None:
+            try:
+                active = self.guard.test(run.activation(self.guard, t.steps))
+            except EvaluationError as exc:
+                return ck.Outcome("indeterminate", None, f"when {self.guard.source}: {exc}")
+            if not active:
+                return ck.Outcome("not_applicable", None, f"when {self.guard.source} is false")
+        steps = t.steps
+        if self.scope is not None:
+            scoped = self.scope.select(steps)
+            if scoped is None:
+                if not run.complete:
+                    return ck.Outcome("indeterminate", None, f"scope {self.scope.text()} not opened yet; "
+                                      "the trajectory is incomplete")  # fmt: skip
+                return ck.Outcome("not_applicable", None, f"scope {self.scope.text()}: never happened")
+            steps = scoped
+        out = self.check.run(run, steps)
+        # On an incomplete trajectory more spans could still undo a pass, or a fail of a non-monotone check.
+        if not run.complete and (out.verdict == "pass" or (out.verdict == "fail" and not self.check.final_fail)):
+            reason = t.incomplete_reason or "incomplete"
+            detail = f" ({out.message})" if out.message else ""
+            return ck.Outcome(
+                "indeterminate", out.step, f"trajectory {reason}: would be {out.verdict}{detail}", out.expected, out.got
+            )
+        return out
+
+
+class CompiledPolicy:
+    """A validated policy, compiled once: call ``evaluate`` per trajectory."""
+
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        invariants: list[CompiledInvariant],
+        applies: Glob | None,
+        context_prefix: str,
+        task_attribute: str | None,
+        context_file: dict[str, dict[str, Any]] | None,
+    ) -> None:
+        self.name = name
+        self.path = path
+        self.invariants = invariants
+        self._applies = applies
+        self._prefix = context_prefix
+        self._task_attribute = task_attribute
+        self._context_file = context_file
+        self._early = [inv for inv in invariants if inv.early]
+
+    def __repr__(self) -> str:
+        return f"CompiledPolicy({self.name!r}, {len(self.invariants)} invariants)"
+
+    def applies_to(self, trajectory: Trajectory) -> bool:
+        return self._applies is None or self._applies.matches(trajectory)
+
+    def task_id(self, trajectory: Trajectory) -> str | None:
+        if self._task_attribute is None:
+            return None
+        value = trajectory.attributes.get(self._task_attribute)
+        return None if value is None else str(value)
+
+    def context(self, trajectory: Trajectory) -> dict[str, Any]:
+        """Ground truth: ``<prefix>*`` attributes, overridden by the context file's entry for
+        the task (the file is the system of record; attributes are what the agent's side sent)."""
+        ctx = trajectory.context(self._prefix)
+        if self._context_file is not None:
+            task = self.task_id(trajectory)
+            if task is not None:
+                ctx.update(self._context_file.get(task, {}))
+        return ctx
+
+    def evaluate(self, trajectory: Trajectory) -> list[Verdict]:
+        run = ck.Run(trajectory, self.context(trajectory), trajectory.complete)
+        return [inv.evaluate(run) for inv in self.invariants]
+
+    def early_failures(self, trajectory: Trajectory) -> list[Verdict]:
+        """Fails already certain on a partial, in-flight trajectory (see ``CompiledInvariant.early``)."""
+        if not self._early or not self.applies_to(trajectory):
+            return []
+        run = ck.Run(trajectory, self.context(trajectory), complete=False)
+        out = []
+        for inv in self._early:
+            outcome = inv.outcome(run)
+            if outcome.verdict == "fail":
+                out.append(inv.verdict(outcome))
+        return out
+
+
+def evaluate_all(policies: Iterable[CompiledPolicy], trajectory: Trajectory) -> list[Verdict]:
+    verdicts: list[Verdict] = []
+    for p in policies:
+        if p.applies_to(trajectory):
+            verdicts.extend(p.evaluate(trajectory))
+    return verdicts
+
+
+# ---- loading ---------------------------------------------------------------------------
+
+
+def load_policy(path: str | os.PathLike[str]) -> CompiledPolicy:
+    """Read, validate and compile one policy file. Raises ``PolicyError`` naming file and line."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(path, None, f"cannot read policy: {exc}") from None
+    doc = load_located(path, text)
+    if not isinstance(doc.data, dict):
+        raise PolicyError(
+            path, 1, "a policy is a mapping with policy, invariants and optional applies_to, task, context"
+        )
+    try:
+        spec = sc.PolicyFile.model_validate(doc.data)
+    except ValidationError as exc:
+        raise _validation_error(doc, exc) from None
+    return _compile(doc, spec)
+
+
+def load_policies(paths: Iterable[str | os.PathLike[str]]) -> list[CompiledPolicy]:
+    """Load every policy; two policies with the same name are an error."""
+    policies: list[CompiledPolicy] = []
+    seen: dict[str, str] = {}
+    for p in paths:
+        policy = load_policy(p)
+        if policy.name in seen:
+            raise PolicyError(policy.path, None, f"policy name {policy.name!r} is also used by {seen[policy.name]}")
+        seen[policy.name] = policy.path
+        policies.append(policy)
+    return policies
+
+
+def _validation_error(doc: LocatedYaml, exc: ValidationError) -> PolicyError:
+    problems: list[PolicyError] = []
+    seen: set[tuple[int | None, str]] = set()
+    errors = [(err, tuple(seg for seg in err["loc"] if isinstance(seg, int) or seg in doc_keys(doc, err["loc"])))
+              for err in exc.errors()]  # fmt: skip
+    # A union reports one error per member; the one that got deepest into the document says most.
+    deepest = [(e, k) for e, k in errors if not any(len(o) > len(k) and o[: len(k)] == k for _, o in errors)]
+    for err, keys in deepest:
+        loc = err["loc"]
+        where = ".".join(str(k) for k in keys)
+        if err["type"] == "extra_forbidden":
+            message = f"unknown key {loc[-1]!r}" + (
+                f" in {'.'.join(str(k) for k in keys[:-1])}" if len(keys) > 1 else ""
+            )
+        else:
+            message = f"{where}: {err['msg']}" if where else str(err["msg"])
+        line = doc.line_of(loc)
+        if (line, where) in seen:
+            continue  # one message per place: a union reports once per member
+        seen.add((line, where))
+        problems.append(PolicyError(doc.path, line, message.replace("Value error, ", "")))
+    first, *rest = problems
+    return PolicyError(first.path, first.line, first.message, rest)
+
+
+def doc_keys(doc: LocatedYaml, loc: Sequence[object]) -> set[str]:
+    """The string segments of ``loc`` that are keys in the document (not union member names)."""
+    out: set[str] = set()
+    prefix: tuple[str | int, ...] = ()
+    for seg in loc:
+        if isinstance(seg, str | int) and (*prefix, seg) in doc.lines:
+            prefix = (*prefix, seg)
+            if isinstance(seg, str):
+                out.add(seg)
+    return out
+
+
+def _compile(doc: LocatedYaml, spec: sc.PolicyFile) -> CompiledPolicy:
+    problems: list[PolicyError] = []
+    invariants: list[CompiledInvariant] = []
+    ids: dict[str, int] = {}
+    for i, inv in enumerate(spec.invariants):
+        at: tuple[str | int, ...] = ("invariants", i)
+        if inv.id in ids:
+            problems.append(
+                doc.error((*at, "id"), f"duplicate invariant id {inv.id!r} (also invariant {ids[inv.id] + 1})")
+            )
+            continue
+        ids[inv.id] = i
+        try:
+            invariants.append(_compile_invariant(doc, spec.policy, inv, at))
+        except PolicyError as exc:
+            problems.append(exc)
+    context_file = None
+    if spec.context is not None and spec.context.file is not None:
+        try:
+            context_file = _read_context_file(doc, spec)
+        except PolicyError as exc:
+            problems.append(exc)
+    if problems:
+        first, *rest = problems
+        raise PolicyError(first.path, first.line, first.message, rest)
+    return CompiledPolicy(
+        name=spec.policy,
+        path=doc.path,
+        invariants=invariants,
+        applies=Glob(spec.applies_to) if spec.applies_to is not None else None,
+        context_prefix=spec.context.attributes_prefix if spec.context is not None else "plumb.context.",
+        task_attribute=spec.task.attribute if spec.task is not None else None,
+        context_file=context_file,
+    )
+
+
+def _compile_invariant(
+    doc: LocatedYaml, policy: str, inv: sc.Invariant, at: tuple[str | int, ...]
+) -> CompiledInvariant:
+    try:
+        kind = inv.kind()
+    except ValueError as exc:
+        raise doc.error(at, str(exc)) from None
+    if inv.attempts is not None and kind != "never_call":
+        raise doc.error((*at, "attempts"), "attempts only goes with never_call")
+
+    def expression(source: str, loc: tuple[str | int, ...], allowed: Sequence[str]) -> Expression:
+        try:
+            return Expression(source, allowed)
+        except ExpressionError as exc:
+            raise doc.error(loc, str(exc)) from None
+
+    def path(text: str, loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+        try:
+            return parse_path(text)
+        except ValueError as exc:
+            raise doc.error(loc, str(exc)) from None
+
+    guard = expression(inv.when, (*at, "when"), GUARD_VARIABLES) if inv.when is not None else None
+    here = (*at, kind)
+    check: ck.Check
+    if inv.must_call is not None:
+        ref = inv.must_call.tool if isinstance(inv.must_call, sc.ToolSpec) else inv.must_call
+        check = ck.MustCall(_tools(ref))
+    elif inv.never_call is not None:
+        if isinstance(inv.never_call, sc.NeverCall):
+            check = ck.NeverCall(_tools(inv.never_call.tool), inv.never_call.attempts or bool(inv.attempts))
+        else:
+            check = ck.NeverCall(_tools(inv.never_call), bool(inv.attempts))
+    elif inv.call_count is not None:
+        check = ck.CallCount(_tools(inv.call_count.tool), inv.call_count.min, inv.call_count.max)
+    elif inv.precedes is not None:
+        check = ck.Precedes(_tools(inv.precedes.first), _tools(inv.precedes.then))
+    elif inv.responds is not None:
+        check = ck.Responds(_tools(inv.responds.trigger), _tools(inv.responds.then))
+    elif inv.arg_equals is not None:
+        a = inv.arg_equals
+        check = ck.ArgEquals(
+            _tools(a.tool), a.arg, path(a.arg, (*here, "arg")), _expected_source(a, lambda t, k: path(t, (*here, k))),
+            a.compare, a.tolerance,
+        )  # fmt: skip
+    elif inv.arg_matches is not None:
+        m = inv.arg_matches
+        try:
+            regex = re.compile(m.regex)
+        except re.error as exc:
+            raise doc.error((*here, "regex"), f"regex {m.regex!r} does not compile: {exc}") from None
+        check = ck.ArgMatches(_tools(m.tool), m.arg, path(m.arg, (*here, "arg")), regex)
+    elif inv.arg_satisfies is not None:
+        e = inv.arg_satisfies
+        check = ck.ArgSatisfies(_tools(e.tool), expression(e.expr, (*here, "expr"), ARG_VARIABLES))
+    elif inv.budget is not None:
+        limits = {k: v for k, v in inv.budget.model_dump().items() if v is not None}
+        check = ck.Budget(limits)
+    else:
+        assert inv.expr is not None
+        check = ck.Expr(expression(inv.expr, here, GUARD_VARIABLES))
+    return CompiledInvariant(policy, inv, kind, check, guard)
+
+
+def _expected_source(
+    a: sc.ArgEquals, path: Callable[[str, str], tuple[str | int, ...]]
+) -> Callable[[ck.Run, Step], tuple[Any, str | None]]:
+    """Where ``arg_equals`` takes its expected value from: returns (value, why it is unknown)."""
+    if a.context is not None:
+        key = a.context
+        ctx_path = path(key, "context")
+
+        def from_context(run: ck.Run, step: Step) -> tuple[Any, str | None]:
+            value = run.ctx.get(key, MISSING)
+            if value is MISSING:
+                value = lookup(run.ctx, ctx_path)
+            return (None, f"no ground truth {key!r} in the context") if value is MISSING else (value, None)
+
+        return from_context
+    if a.step is not None:
+        source = _tools(a.step.tool)
+        use_result = a.step.result is not None
+        field = a.step.result if a.step.result is not None else a.step.arg
+        assert field is not None
+        src_path = path(field, "step")
+        what = "result" if use_result else "argument"
+
+        def from_step(run: ck.Run, step: Step) -> tuple[Any, str | None]:
+            earlier = [s for s in run.steps if s.index < step.index and s.kind == "tool" and s.error is None
+                       and s.name in source]  # fmt: skip
+            if not earlier:
+                return None, f"no successful {ck.tools_text(source)} before step {step.index}"
+            src = earlier[-1]
+            status = src.result_status if use_result else src.args_status
+            if status != "captured":
+                return None, f"{what} of step {src.index} ({src.name}) is {status}"
+            value = lookup(src.result if use_result else src.args, src_path)
+            if value is MISSING:
+                return None, f"{what} of step {src.index} ({src.name}) has no {field}"
+            return value, None
+
+        return from_step
+    constant = a.value
+    return lambda run, step: (constant, None)
+
+
+def _read_context_file(doc: LocatedYaml, spec: sc.PolicyFile) -> dict[str, dict[str, Any]]:
+    assert spec.context is not None and spec.context.file is not None
+    loc = ("context", "file")
+    if spec.task is None:
+        raise doc.error(loc, "context.file needs task.attribute to know which entry belongs to a trajectory")
+    full = os.path.join(os.path.dirname(os.path.abspath(doc.path)), spec.context.file)
+    try:
+        with open(full, encoding="utf-8") as f:
+            data = yaml.safe_load(f)  # YAML is a superset of JSON: reads both
+    except OSError as exc:
+        raise doc.error(loc, f"context file {spec.context.file!r} cannot be read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise doc.error(loc, f"context file {spec.context.file!r} is not valid YAML/JSON: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise doc.error(loc, f"context file {spec.context.file!r} must map each task id to a mapping of values")
+    return {str(k): {str(kk): vv for kk, vv in v.items()} for k, v in data.items()}

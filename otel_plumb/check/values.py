@@ -1,0 +1,179 @@
+"""Argument paths and typed comparison (SPEC section 4).
+
+Numbers compare numerically, as ``Decimal`` so ``0.1 + 0.2`` noise never decides a payment;
+strings holding numbers count as numbers. Text compares after Unicode NFC, trimming,
+whitespace collapsing and case folding, unless ``compare: exact``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import unicodedata
+from collections.abc import Hashable
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal
+
+CompareMode = Literal["normalised", "exact", "set"]
+
+
+class _Missing:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING: Any = _Missing()
+
+PathSegment = str | int
+_SEGMENT = re.compile(r"([^.\[\]]+)|\[(-?\d+)\]")
+
+
+def parse_path(text: str) -> tuple[PathSegment, ...]:
+    """``"lines[0].amount"`` or ``"lines.0.amount"`` -> ``("lines", 0, "amount")``.
+
+    Raises ValueError for an empty path or stray brackets."""
+    text = text.strip()
+    segments: list[PathSegment] = []
+    pos = 0
+    while pos < len(text):
+        if text[pos] == "." and segments:
+            pos += 1
+        m = _SEGMENT.match(text, pos)
+        if m is None:
+            raise ValueError(f"bad path {text!r} at character {pos + 1}")
+        if m.group(2) is not None:
+            segments.append(int(m.group(2)))
+        else:
+            name = m.group(1)
+            segments.append(int(name) if name.lstrip("-").isdigit() else name)
+        pos = m.end()
+    if not segments:
+        raise ValueError("empty path")
+    return tuple(segments)
+
+
+def lookup(value: Any, path: tuple[PathSegment, ...]) -> Any:
+    """The value at ``path``, or ``MISSING``. A JSON string met on the way is decoded, since
+    some conventions record structured results as JSON text."""
+    cur = value
+    for seg in path:
+        if isinstance(cur, str | bytes):
+            try:
+                cur = json.loads(cur)
+            except ValueError:
+                return MISSING
+        if isinstance(cur, dict):
+            if seg in cur:
+                cur = cur[seg]
+            elif isinstance(seg, int) and str(seg) in cur:
+                cur = cur[str(seg)]
+            else:
+                return MISSING
+        elif isinstance(cur, list | tuple) and isinstance(seg, int):
+            if -len(cur) <= seg < len(cur):
+                cur = cur[seg]
+            else:
+                return MISSING
+        else:
+            return MISSING
+    return cur
+
+
+# Plain decimals, optionally signed, optionally with an exponent; and English thousands
+# grouping ("4,820.00"), accepted only in its strict form (groups of exactly three digits).
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+_GROUPED = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d+)?")
+_SPACE = re.compile(r"\s+")
+
+
+def as_number(value: Any, *, strings: bool = True) -> Decimal | None:
+    """The numeric value of an int, float or (when ``strings``) numeric string; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        # 15 significant digits, what a double holds reliably: 0.1 + 0.2 reads as 0.3, not as
+        # the binary expansion 0.3000000000000000444...
+        return Decimal(format(value, ".15g")) if math.isfinite(value) else None
+    if isinstance(value, Decimal):
+        return value
+    if strings and isinstance(value, str):
+        text = value.strip()
+        if _NUMBER.fullmatch(text):
+            try:
+                return Decimal(text)
+            except InvalidOperation:
+                return None
+        if _GROUPED.fullmatch(text):
+            return Decimal(text.replace(",", ""))
+    return None
+
+
+def normalise_text(text: str) -> str:
+    return _SPACE.sub(" ", unicodedata.normalize("NFC", text).strip()).casefold()
+
+
+def equal(a: Any, b: Any, mode: CompareMode = "normalised", tolerance: Decimal = Decimal(0)) -> bool:
+    """Typed equality: see the module docstring. ``set`` compares lists without order."""
+    exact = mode == "exact"
+    na, nb = as_number(a, strings=not exact), as_number(b, strings=not exact)
+    if na is not None and nb is not None:
+        return abs(na - nb) <= tolerance
+    if isinstance(a, str) and isinstance(b, str):
+        return a == b if exact else normalise_text(a) == normalise_text(b)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return _as_bool(a, exact) is not None and _as_bool(a, exact) == _as_bool(b, exact)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        if mode == "set":
+            return {canonical(x, "normalised") for x in a} == {canonical(x, "normalised") for x in b}
+        return len(a) == len(b) and all(equal(x, y, mode, tolerance) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return False
+        return all(equal(a[k], b[k], mode, tolerance) for k in a)
+    if a is None or b is None:
+        return a is None and b is None
+    return bool(a == b)
+
+
+def _as_bool(value: Any, exact: bool) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if not exact and isinstance(value, str):
+        folded = normalise_text(value)
+        if folded in ("true", "false"):
+            return folded == "true"
+    return None
+
+
+def canonical(value: Any, mode: CompareMode) -> Hashable:
+    """A hashable key such that ``equal(a, b, mode)`` (without tolerance) iff keys are equal."""
+    exact = mode == "exact"
+    n = as_number(value, strings=not exact)
+    if n is not None:
+        return ("n", n.normalize())
+    b = _as_bool(value, exact)
+    if b is not None:
+        return ("b", b)
+    if isinstance(value, str):
+        return ("s", value if exact else normalise_text(value))
+    if isinstance(value, list | tuple):
+        return ("l", tuple(canonical(x, mode) for x in value))
+    if isinstance(value, dict):
+        return ("d", frozenset((str(k), canonical(v, mode)) for k, v in value.items()))
+    if value is None:
+        return ("z",)
+    return ("o", repr(value))
+
+
+def plain(value: Any) -> Any:
+    """A JSON-ready copy of a value for verdicts (``Decimal`` and ``MISSING`` do not serialise)."""
+    if value is MISSING:
+        return None
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value

@@ -1,0 +1,230 @@
+"""Every check kind: pass, fail (localised), not_applicable and indeterminate."""
+
+from __future__ import annotations
+
+import pytest
+from test_check_support import one, policy, step, trajectory
+
+PAY = {"amount_gbp": 4820.00, "invoice_id": "INV-7001"}
+
+
+def test_must_call_pass_fail_and_failed_call_did_not_happen(tmp_path):
+    inv = "{id: dup, must_call: check_duplicate}"
+    assert one(tmp_path, inv, trajectory("fetch_invoice", "check_duplicate")).verdict == "pass"
+    v = one(tmp_path, inv, trajectory("fetch_invoice", step("check_duplicate", error="503")))
+    assert v.verdict == "fail" and v.step_index is None and v.span_id is None
+    assert "failed call did not happen" in v.message and v.got == "1 failed call(s)"
+    # incomplete trajectory: the call could still come
+    assert one(tmp_path, inv, trajectory("fetch_invoice", complete=False)).verdict == "indeterminate"
+
+
+def test_must_call_with_tool_list_and_object_form(tmp_path):
+    assert one(tmp_path, "{id: a, must_call: [x, check_duplicate]}", trajectory("check_duplicate")).verdict == "pass"
+    assert one(tmp_path, "{id: a, must_call: {tool: y}}", trajectory("check_duplicate")).verdict == "fail"
+
+
+def test_never_call_and_attempts(tmp_path):
+    t = trajectory("fetch_invoice", step("schedule_payment", error="declined"), "post_audit_log")
+    assert one(tmp_path, "{id: n, never_call: schedule_payment}", t).verdict == "pass"
+    v = one(tmp_path, "{id: n, never_call: schedule_payment, attempts: true}", t)
+    assert v.verdict == "fail" and v.step_index == 1 and v.span_id == t.steps[1].span_id
+    v = one(tmp_path, "{id: n, never_call: {tool: schedule_payment, attempts: true}}", t)
+    assert v.verdict == "fail" and "attempted" in v.message
+
+
+def test_never_call_guard_uses_context(tmp_path):
+    inv = "{id: n, never_call: pay, when: \"ctx.vendor_status == 'sanctioned'\"}"
+    sanctioned = trajectory("pay", attributes={"plumb.context.vendor_status": "sanctioned"})
+    active = trajectory("pay", attributes={"plumb.context.vendor_status": "active"})
+    assert one(tmp_path, inv, sanctioned).verdict == "fail"
+    assert one(tmp_path, inv, active).verdict == "not_applicable"
+    v = one(tmp_path, inv, trajectory("pay"))  # guard cannot be evaluated: no ground truth
+    assert v.verdict == "indeterminate" and "vendor_status" in v.message
+
+
+def test_call_count_min_max(tmp_path):
+    inv = "{id: c, call_count: {tool: pay, min: 1, max: 1}}"
+    assert one(tmp_path, inv, trajectory("pay")).verdict == "pass"
+    v = one(tmp_path, inv, trajectory("pay", "log", "pay"))
+    assert v.verdict == "fail" and v.step_index == 2 and v.expected == "at most 1" and v.got == 2
+    v = one(tmp_path, inv, trajectory("log"))
+    assert v.verdict == "fail" and v.step_index is None and v.got == 0
+    assert one(tmp_path, inv, trajectory("log", complete=False)).verdict == "indeterminate"
+    # a failed retry does not count as a second payment
+    assert one(tmp_path, inv, trajectory(step("pay", error="503"), "pay")).verdict == "pass"
+    # max is certain even on an incomplete trajectory
+    assert one(tmp_path, inv, trajectory("pay", "pay", complete=False)).verdict == "fail"
+
+
+def test_precedes(tmp_path):
+    inv = "{id: p, precedes: {first: match, then: pay}}"
+    assert one(tmp_path, inv, trajectory("match", "pay")).verdict == "pass"
+    v = one(tmp_path, inv, trajectory("fetch", "pay", "match"))
+    assert v.verdict == "fail" and v.step_index == 1 and v.got["name"] == "pay"
+    v = one(tmp_path, inv, trajectory(step("match", error="503"), "pay"))
+    assert v.verdict == "fail"  # the failed match did not happen
+    assert one(tmp_path, inv, trajectory("fetch")).verdict == "pass"
+    assert one(tmp_path, inv, trajectory("fetch", complete=False)).verdict == "indeterminate"
+
+
+def test_responds(tmp_path):
+    inv = "{id: r, responds: {trigger: flag, then: audit}}"
+    assert one(tmp_path, inv, trajectory("flag", "audit")).verdict == "pass"
+    assert one(tmp_path, inv, trajectory("fetch")).verdict == "pass"
+    v = one(tmp_path, inv, trajectory("audit", "flag"))
+    assert v.verdict == "fail" and v.step_index == 1
+    v = one(tmp_path, inv, trajectory("flag", step("audit", error="timeout")))
+    assert v.verdict == "fail" and v.step_index == 0
+    assert one(tmp_path, inv, trajectory("flag", complete=False)).verdict == "indeterminate"
+
+
+def test_arg_equals_context_typed(tmp_path):
+    inv = "{id: a, arg_equals: {tool: pay, arg: amount_gbp, context: expected_amount_gbp}}"
+    truth = {"plumb.context.expected_amount_gbp": "4820.00"}
+    ok = trajectory(step("pay", args={"amount_gbp": 4820}), attributes=truth)
+    assert one(tmp_path, inv, ok).verdict == "pass"
+    bad = trajectory("fetch", step("pay", args={"amount_gbp": 48200.00}), attributes=truth)
+    v = one(tmp_path, inv, bad)
+    assert v.verdict == "fail" and v.step_index == 1 and v.expected == "4820.00" and v.got == 48200
+    assert v.span_id == bad.steps[1].span_id
+    assert one(tmp_path, inv, trajectory(step("pay", args={"amount_gbp": 1}))).verdict == "indeterminate"
+    missing = trajectory(step("pay", args={"amount": 4820}), attributes=truth)
+    assert one(tmp_path, inv, missing).verdict == "fail"
+    assert one(tmp_path, inv, trajectory("fetch", attributes=truth)).verdict == "not_applicable"
+
+
+def test_arg_equals_uncaptured_args_are_indeterminate_never_pass(tmp_path):
+    inv = "{id: a, arg_equals: {tool: pay, arg: amount_gbp, value: 10}}"
+    t = trajectory(step("pay", args_status="redacted"))
+    v = one(tmp_path, inv, t)
+    assert v.verdict == "indeterminate" and "redacted" in v.message and v.step_index == 0
+
+
+def test_arg_equals_value_tolerance_text_and_set(tmp_path):
+    t = trajectory(step("pay", args={"amount_gbp": 100.004, "invoice_id": "inv-1029 ", "tags": ["b", "A"]}))
+    assert one(tmp_path, "{id: a, arg_equals: {tool: pay, arg: amount_gbp, value: 100, tolerance: 0.01}}", t).verdict \
+        == "pass"  # fmt: skip
+    assert one(tmp_path, "{id: a, arg_equals: {tool: pay, arg: amount_gbp, value: 100}}", t).verdict == "fail"
+    assert one(tmp_path, "{id: a, arg_equals: {tool: pay, arg: invoice_id, value: INV-1029}}", t).verdict == "pass"
+    exact = "{id: a, arg_equals: {tool: pay, arg: invoice_id, value: INV-1029, compare: exact}}"
+    assert one(tmp_path, exact, t).verdict == "fail"
+    as_set = "{id: a, arg_equals: {tool: pay, arg: tags, value: [a, b], compare: set}}"
+    assert one(tmp_path, as_set, t).verdict == "pass"
+    assert one(tmp_path, "{id: a, arg_equals: {tool: pay, arg: tags, value: [a, b]}}", t).verdict == "fail"
+
+
+def test_arg_equals_dataflow_from_earlier_step(tmp_path):
+    inv = "{id: a, arg_equals: {tool: pay, arg: amount_gbp, step: {tool: fetch_invoice, result: total}}}"
+    fetch = step("fetch_invoice", args={"invoice_id": "INV-1"}, result={"total": "4,820.00"})
+    assert one(tmp_path, inv, trajectory(fetch, step("pay", args={"amount_gbp": 4820}))).verdict == "pass"
+    v = one(tmp_path, inv, trajectory(fetch, step("pay", args={"amount_gbp": 48200})))
+    assert v.verdict == "fail" and v.step_index == 1
+    # the source step came after the payment, or its result was not captured: unknown
+    assert one(tmp_path, inv, trajectory(step("pay", args={"amount_gbp": 1}), fetch)).verdict == "indeterminate"
+    no_result = step("fetch_invoice", args={"invoice_id": "INV-1"})
+    assert one(tmp_path, inv, trajectory(no_result, step("pay", args={"amount_gbp": 1}))).verdict == "indeterminate"
+    by_arg = "{id: a, arg_equals: {tool: pay, arg: invoice_id, step: {tool: fetch_invoice, arg: invoice_id}}}"
+    assert one(tmp_path, by_arg, trajectory(fetch, step("pay", args={"invoice_id": "inv-1"}))).verdict == "pass"
+
+
+def test_arg_equals_nested_path_and_list_index(tmp_path):
+    t = trajectory(step("pay", args={"lines": [{"amount": 5}, {"amount": 7}]}))
+    assert one(tmp_path, "{id: a, arg_equals: {tool: pay, arg: 'lines[1].amount', value: 7}}", t).verdict == "pass"
+    assert one(tmp_path, "{id: a, arg_equals: {tool: pay, arg: lines.0.amount, value: 5}}", t).verdict == "pass"
+
+
+def test_arg_matches(tmp_path):
+    inv = "{id: m, arg_matches: {tool: send_email, arg: to, regex: '@example\\.com$'}}"
+    assert one(tmp_path, inv, trajectory(step("send_email", args={"to": "a@example.com"}))).verdict == "pass"
+    v = one(tmp_path, inv, trajectory(step("send_email", args={"to": "a@evil.com"})))
+    assert v.verdict == "fail" and v.got == "a@evil.com"
+    assert one(tmp_path, inv, trajectory(step("send_email", args_status="absent"))).verdict == "indeterminate"
+    assert one(tmp_path, inv, trajectory("other")).verdict == "not_applicable"
+
+
+def test_arg_satisfies(tmp_path):
+    inv = "{id: s, arg_satisfies: {tool: approve, expr: 'args.limit >= ctx.amount'}}"
+    truth = {"plumb.context.amount": 5000}
+    assert one(tmp_path, inv, trajectory(step("approve", args={"limit": 10000}), attributes=truth)).verdict == "pass"
+    v = one(tmp_path, inv, trajectory(step("approve", args={"limit": 1000}), attributes=truth))
+    assert v.verdict == "fail" and v.step_index == 0
+    v = one(tmp_path, inv, trajectory(step("approve", args={"other": 1}), attributes=truth))
+    assert v.verdict == "indeterminate" and "limit" in v.message  # run-time error, no crash
+    assert one(tmp_path, inv, trajectory(step("approve", args_status="absent"))).verdict == "indeterminate"
+
+
+def test_budget(tmp_path):
+    inv = "{id: b, budget: {max_steps: 3, max_tool_errors: 1}}"
+    assert one(tmp_path, inv, trajectory("a", "b")).verdict == "pass"
+    v = one(tmp_path, inv, trajectory("a", "b", "c", "d"))
+    assert v.verdict == "fail" and v.step_index == 3 and v.got == 4
+    v = one(tmp_path, inv, trajectory(step("a", error="x"), step("a", error="x")))
+    assert v.verdict == "fail" and v.step_index == 1
+    dur = "{id: b, budget: {max_duration_ms: 25}}"
+    v = one(tmp_path, dur, trajectory("a", "b", "c"))
+    assert v.verdict == "fail" and v.step_index == 2
+    tok = "{id: b, budget: {max_tokens: 100}}"
+    v = one(tmp_path, tok, trajectory(step("m", "llm", tokens=60), step("m", "llm", tokens=60)))
+    assert v.verdict == "fail" and v.got == 120 and v.step_index == 1
+    assert one(tmp_path, tok, trajectory(step("m", "llm"))).verdict == "indeterminate"
+
+
+def test_expr(tmp_path):
+    inv = "{id: e, expr: \"size(steps.filter(s, s.kind == 'tool')) > 0\"}"
+    assert one(tmp_path, inv, trajectory("a")).verdict == "pass"
+    v = one(tmp_path, inv, trajectory(step("m", "llm")))
+    assert v.verdict == "fail" and v.step_index is None
+    v = one(tmp_path, "{id: e, expr: 'ctx.x > 1'}", trajectory("a"))
+    assert v.verdict == "indeterminate" and "x" in v.message
+    v = one(tmp_path, "{id: e, expr: 'trajectory.step_count'}", trajectory("a"))
+    assert v.verdict == "indeterminate" and "true or false" in v.message
+    # an expression that is false on an incomplete trajectory may turn true later
+    assert one(tmp_path, inv, trajectory(step("m", "llm"), complete=False)).verdict == "indeterminate"
+
+
+@pytest.mark.parametrize(
+    ("scope", "expected", "at"),
+    [("{after: match}", "fail", 3), ("{before: match}", "fail", 1), ("{between: [match, audit]}", "fail", 3),
+     ("{between: [audit, match]}", "pass", None), ("{before: fetch}", "pass", None),
+     ("{after: nothing}", "not_applicable", None)],
+)  # fmt: skip
+def test_scope(tmp_path, scope, expected, at):
+    # pay is called once before match and once between match and audit
+    t = trajectory("fetch", "pay", "match", "pay", "audit", "log")
+    v = one(tmp_path, f"{{id: s, never_call: pay, scope: {scope}}}", t)
+    assert (v.verdict, v.step_index) == (expected, at)
+
+
+def test_applies_to_policy_and_invariant(tmp_path):
+    p = policy(
+        tmp_path,
+        """
+        policy: t
+        applies_to: {service: "ap-*"}
+        invariants:
+          - {id: a, must_call: x, applies_to: {agent: "invoice-*"}}
+          - {id: b, must_call: x, applies_to: {agent: "refund-*"}}
+        """,
+    )
+    t = trajectory("x")
+    assert p.applies_to(t)
+    assert [v.verdict for v in p.evaluate(t)] == ["pass", "not_applicable"]
+    assert not p.applies_to(trajectory("x", service="billing"))
+    assert not p.applies_to(trajectory("x", service=None))
+
+
+def test_pass_on_incomplete_trajectory_is_indeterminate(tmp_path):
+    v = one(tmp_path, "{id: n, never_call: pay}", trajectory("fetch", complete=False))
+    assert v.verdict == "indeterminate" and "max_wait" in v.message
+
+
+def test_context_file_keyed_by_task_overrides_attributes(tmp_path):
+    (tmp_path / "truth.json").write_text('{"INV-1": {"expected": 4820}}')
+    extra = "task: {attribute: invoice.id}\ncontext: {file: truth.json}\n"
+    inv = "{id: a, arg_equals: {tool: pay, arg: amount, context: expected}}"
+    attrs = {"invoice.id": "INV-1", "plumb.context.expected": 1}
+    assert one(tmp_path, inv, trajectory(step("pay", args={"amount": "4820.00"}), attributes=attrs), extra).verdict \
+        == "pass"  # fmt: skip
+    other = {"invoice.id": "INV-2"}
+    assert one(tmp_path, inv, trajectory(step("pay", args={"amount": 1}), attributes=other), extra).verdict \
+        == "indeterminate"  # fmt: skip
