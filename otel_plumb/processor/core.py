@@ -18,13 +18,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_plumb.assemble import AddOutcome, Assembler, AssemblyLimits, Finished, build_trajectory
+from otel_plumb.check import CompiledPolicy, load_policies
 from otel_plumb.export.annotate import Origin, Payload, annotate, build_requests, verdict_span_request
 from otel_plumb.export.metrics import Metrics, metrics_app
 from otel_plumb.export.otlp import OtlpExporter
@@ -43,33 +44,18 @@ log = logging.getLogger("otel_plumb.processor")
 DecidedCallback = Callable[[dict[str, Any], Trajectory, list[Verdict]], None]
 
 
-class Policy(Protocol):
-    """What the processor needs of a compiled policy (``otel_plumb.check.CompiledPolicy``)."""
-
-    @property
-    def name(self) -> str: ...
-
-    def applies_to(self, trajectory: Trajectory) -> bool: ...
-
-    def evaluate(self, trajectory: Trajectory) -> list[Verdict]: ...
-
-    def early_failures(self, trajectory: Trajectory) -> list[Verdict]: ...
-
-
-def load_policy_files(paths: Sequence[str]) -> list[Policy]:
-    """Compile the policy files (raises ``otel_plumb.check.PolicyError`` naming file and line)."""
-    if not paths:
-        return []
-    from otel_plumb.check import load_policies
-
-    policies: list[Policy] = list(load_policies(list(paths)))
-    return policies
+def load_policy_files(paths: Sequence[str]) -> list[CompiledPolicy]:
+    """Compile the policy files (raises ``PolicyError`` naming file and line)."""
+    return load_policies(list(paths)) if paths else []
 
 
 class Processor:
-    def __init__(self, config: ProcessorConfig, policies: Sequence[Policy] | None = None) -> None:
+    def __init__(self, config: ProcessorConfig, policies: Sequence[CompiledPolicy] | None = None) -> None:
         self.config = config
-        self.policies: list[Policy] = list(policies) if policies is not None else load_policy_files(config.policies)
+        self.policies = list(policies) if policies is not None else load_policy_files(config.policies)
+        # Early checks build a partial trajectory per touched trace: only worth it when some
+        # invariant can fail early.
+        self._early_checks = any(inv.early for p in self.policies for inv in p.invariants)
         a = config.assembly
         self.assembler = Assembler(
             AssemblyLimits(
@@ -258,7 +244,7 @@ class Processor:
         if rejected:
             self.metrics.spans_dropped.labels("malformed").inc(rejected)
         self.metrics.traces_in_flight.set(self.assembler.traces_in_flight)
-        if self.policies:
+        if self._early_checks:
             for tid, has_steps in touched.items():
                 if has_steps and not self.assembler.is_decided(tid):
                     self._early_check(tid)

@@ -1,0 +1,19 @@
+"""``otel-plumb demo``: the live processor checking a bundled, instrumented agent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="otel-plumb-demo", show_default=True,
+              help="Where the report and the verdict log are written.")
+@click.option("--rounds", type=click.IntRange(1, 100), default=1, show_default=True,
+              help="How many times the agent works through its invoices.")
+def demo(out_dir: str, rounds: int) -> None:
+    """Start the processor, run an accounts-payable agent against it (some runs faulty), print live verdicts."""
+    from otel_plumb.demo.run import main
+
+    main(Path(out_dir), rounds)

@@ -1,0 +1,141 @@
+"""``otel-plumb demo``: the processor in-process on free loopback ports, the bundled AP agent
+sending to it over the real OTLP exporter, live verdicts printed as they are decided, then a
+report. No network beyond 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+from otel_plumb.check import CompiledPolicy, load_policies
+from otel_plumb.demo.agent import INVOICES, run_all
+from otel_plumb.demo.backend import OtlpBackend
+from otel_plumb.model import Trajectory, Verdict
+from otel_plumb.processor import Processor, load_config
+from otel_plumb.report.coverage import coverage_report
+from otel_plumb.report.json_report import build_report, report_body
+
+SERVICE = "ap-service"
+
+
+def policy_path() -> Path:
+    return Path(str(resources.files("otel_plumb.demo") / "ap-policy.yaml"))
+
+
+def _case(record: dict[str, Any]) -> str:
+    return str(record.get("case_id") or record["trace_id"][:12])
+
+
+def _line(record: dict[str, Any]) -> str:
+    fails = [v for v in record["verdicts"] if v["verdict"] == "fail"]
+    if record.get("decision") == "early":
+        v = fails[0]
+        return f"  EARLY {_case(record)}  {v['invariant']} ({v['severity']}): {v['message']}"
+    label = {"conformant": "PASS ", "violating": "FAIL ", "indeterminate": "UNSURE"}[record["status"]]
+    detail = ", ".join(f"{v['invariant']} ({v['severity']})" for v in fails) or f"{len(record['steps'])} steps"
+    return f"  {label} {_case(record)}  {record['status']:<13} {detail}"
+
+
+async def run_demo(out_dir: Path, say: Callable[[str], None] = print, rounds: int = 1) -> dict[str, Any]:
+    """Run the demo; returns the report (also written to ``out_dir/report.json``)."""
+    policies: list[CompiledPolicy] = load_policies([policy_path()])
+    backend = OtlpBackend()
+    await backend.start(0)
+    state = tempfile.TemporaryDirectory(prefix="otel-plumb-demo-")
+    config = load_config(
+        None,
+        {
+            "receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},
+            "metrics": {"endpoint": "127.0.0.1:0"},
+            "assembly": {"idle_timeout": 0.5},
+            "exporters": {"otlp": {"endpoint": backend.endpoint, "state_dir": state.name}},
+            "verdict_log": {"path": str(out_dir / "verdicts.jsonl")},
+            "shutdown": {"grace_period": 5},
+        },
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    processor = Processor(config, policies)
+    trajectories: list[Trajectory] = []
+
+    def decided(record: dict[str, Any], trajectory: Trajectory, _verdicts: list[Verdict]) -> None:
+        trajectories.append(trajectory)
+
+    processor.on_decided(decided)
+    watch = processor.hub.subscribe()
+    await processor.start()
+    metrics_url = f"http://127.0.0.1:{processor.metrics_port}/metrics"
+    say("otel-plumb demo: the live processor checking an accounts-payable agent")
+    say(f"  OTLP/gRPC 127.0.0.1:{processor.grpc_port}   OTLP/HTTP 127.0.0.1:{processor.http_port}")
+    say(f"  metrics   {metrics_url}")
+    say(f"  policy    {policies[0].name} ({len(policies[0].invariants)} invariants, {policy_path()})")
+    say(f"  backend   {backend.endpoint} (annotated spans go here)")
+    faulty = sum(1 for i in INVOICES if i.fault)
+    runs = len(INVOICES) * rounds
+    say(f"running the agent on {runs} invoices ({faulty * rounds} with deliberate faults)...")
+
+    async def printer() -> None:
+        async for record in watch:
+            say(_line(record))
+
+    printing = asyncio.create_task(printer())
+    provider = TracerProvider(resource=Resource.create({"service.name": SERVICE}))
+    exporter = OTLPSpanExporter(endpoint=f"127.0.0.1:{processor.grpc_port}", insecure=True)
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200))
+
+    def agent() -> None:
+        for _ in range(rounds):
+            run_all(provider)
+        provider.force_flush()
+        provider.shutdown()
+
+    started = time.monotonic()
+    await asyncio.to_thread(agent)
+    deadline = time.monotonic() + 20
+    while len(trajectories) < runs and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    scraped = await asyncio.to_thread(_scrape, metrics_url)
+    await processor.stop()
+    printing.cancel()
+    await backend.stop()
+    state.cleanup()
+
+    marked = sum(
+        1
+        for span in backend.spans()
+        for a in span.attributes
+        if a.key == "plumb.verdict" and a.value.string_value == "violating"
+    )
+    say(
+        f"decided {len(trajectories)} trajectories in {time.monotonic() - started:.1f}s; the backend received "
+        f"{backend.span_count} spans, {marked} root spans marked plumb.verdict=violating"
+    )
+    say("metrics (scraped before shutdown):")
+    for line in scraped.splitlines():
+        if line.startswith(("plumb_violations_total", "plumb_trajectories_total")):
+            say(f"  {line}")
+    report = build_report(report_body(policies, trajectories), coverage_report(trajectories))
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+    say(f"report: {out_dir / 'report.json'}")
+    say(f"verdict log: {out_dir / 'verdicts.jsonl'}")
+    return report
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return resp.read().decode()
+
+
+def main(out_dir: Path, rounds: int = 1) -> dict[str, Any]:
+    return asyncio.run(run_demo(out_dir, rounds=rounds))
