@@ -134,7 +134,8 @@ async def run_demo(out_dir: Path, say: Callable[[str], None] = print, rounds: in
 
 def _scrape(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as resp:
-        return resp.read().decode()
+        body: bytes = resp.read()
+    return body.decode()
 
 
 def main(out_dir: Path, rounds: int = 1) -> dict[str, Any]:
