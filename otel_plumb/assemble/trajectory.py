@@ -48,7 +48,7 @@ def build_trajectory(
         for n, call in enumerate(s.requested_calls):
             matched = tool_steps_by_call_id.get(call.tool_call_id or "")
             if matched is not None:
-                if matched.args_status != "captured" and call.args_status == "captured":
+                if _better_args(matched, call):
                     matched.args, matched.args_status, matched.args_source = call.args, "captured", "llm_output"
                 continue
             if has_tool_spans:
@@ -136,6 +136,16 @@ def _span_step(s: NormalisedSpan) -> Step:
         tool_call_id=s.tool_call_id,
         tokens=s.tokens,
     )
+
+
+def _better_args(step: Step, call: RequestedCall) -> bool:
+    """The model's request fills in a tool span's arguments when the span has none, or only a
+    bare value (LangChain records a one-argument tool's input without its name)."""
+    if call.args_status != "captured":
+        return False
+    if step.args_status != "captured":
+        return True
+    return not isinstance(step.args, dict) and isinstance(call.args, dict)
 
 
 def _requested_step(s: NormalisedSpan, call: RequestedCall, results: dict[str, object]) -> Step:

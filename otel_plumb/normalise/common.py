@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from otel_plumb.model.span import STATUS_ERROR, SpanEvent, SpanRecord
-from otel_plumb.model.trajectory import NormalisedSpan
+from otel_plumb.model.trajectory import NormalisedSpan, RequestedCall
 from otel_plumb.normalise.values import decode
 
 # A convention reader fills in kind, name, convention, args, ... on a base NormalisedSpan.
@@ -221,3 +221,53 @@ def name_after(span_name: str, prefix: str) -> str | None:
     if span_name.startswith(prefix) and len(span_name) > len(prefix):
         return span_name[len(prefix) :].strip() or None
     return None
+
+
+def flattened(a: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:
+    """Flattened lists (``<prefix>N.<field>``) -> one dict of fields per N, in order of N."""
+    items: dict[int, dict[str, Any]] = {}
+    n = len(prefix)
+    for key, value in a.items():
+        if key.startswith(prefix):
+            i, _, field = key[n:].partition(".")
+            if i.isdigit() and field:
+                items.setdefault(int(i), {})[field] = value
+    return [items[i] for i in sorted(items)]
+
+
+def flat_calls(messages: list[dict[str, Any]], calls_prefix: str, fields: tuple[str, str, str]) -> list[RequestedCall]:
+    """Requested calls from flattened output messages; ``fields`` names (name, arguments, id)."""
+    name_key, args_key, id_key = fields
+    out: list[RequestedCall] = []
+    for message in messages:
+        for call in flattened(message, calls_prefix):
+            name = as_str(call.get(name_key))
+            if name is not None:
+                d = decode(call.get(args_key))
+                out.append(RequestedCall(name, d.value, d.status, as_str(call.get(id_key))))
+    return out
+
+
+def flat_results(messages: list[dict[str, Any]], role_key: str, id_key: str, content_key: str) -> dict[str, Any]:
+    """Tool results from flattened input messages with role "tool", by tool-call id."""
+    out: dict[str, Any] = {}
+    for message in messages:
+        call_id = as_str(message.get(id_key))
+        if message.get(role_key) == "tool" and call_id is not None:
+            content = decode(message.get(content_key))
+            out[call_id] = content.value if content.status == "captured" else None
+    return out
+
+
+def unwrap_call(value: Any) -> Any:
+    """``{"args": [], "kwargs": {...}}`` -> the kwargs; ``{"input": "<json object>"}`` -> the object."""
+    if isinstance(value, dict):
+        if value and set(value) <= {"args", "kwargs"}:
+            args, kwargs = value.get("args") or [], value.get("kwargs") or {}
+            if not args and isinstance(kwargs, dict):
+                return kwargs
+        elif set(value) == {"input"} and isinstance(value["input"], str):
+            inner = decode(value["input"]).value
+            if isinstance(inner, dict):
+                return inner
+    return value

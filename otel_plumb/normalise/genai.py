@@ -40,11 +40,12 @@ def read(span: SpanRecord, out: NormalisedSpan) -> None:
     read_as(span, out, "otel_genai")
 
 
-def read_as(span: SpanRecord, out: NormalisedSpan, convention: str) -> None:
-    """The OTel GenAI reading, under the convention name of the framework that emitted it."""
+def read_as(span: SpanRecord, out: NormalisedSpan, convention: str, kind: StepKind | None = None) -> None:
+    """The OTel GenAI reading, under the convention name of the framework that emitted it
+    (which may know the kind from elsewhere, e.g. the span name)."""
     a = span.attributes
     out.convention = convention
-    out.kind = kind_of(span, a)
+    out.kind = kind or kind_of(span, a)
     out.agent = as_str(a.get("gen_ai.agent.name"))
     if out.kind == "tool":
         read_tool(span, out, a)

@@ -1,0 +1,98 @@
+"""Frameworks that emit OTel GenAI spans with payloads of their own: MCP, AWS Strands, Google ADK.
+
+- MCP (``mcp.method.name``): ``tools/call`` spans are tool calls, named by ``gen_ai.tool.name``
+  (older instrumentations: ``mcp.tool.name``), arguments in ``gen_ai.tool.call.arguments`` or
+  flattened ``mcp.request.argument.<name>``, result in ``gen_ai.tool.call.result`` or
+  ``mcp.tool.result.content``; other methods (initialize, tools/list, ...) are ``other``.
+- AWS Strands (scope ``strands.telemetry.tracer``): a tool span records its input on the
+  ``gen_ai.tool.message`` event (``content``) and its result on ``gen_ai.choice`` (``message``),
+  ``tool.status`` "error" on failure; a model span records its output content blocks
+  (``toolUse``) on ``gen_ai.choice``.
+- Google ADK (scope ``gcp.vertex.agent``): ``gcp.vertex.agent.tool_call_args`` /
+  ``gcp.vertex.agent.tool_response`` on ``execute_tool`` spans, ``gcp.vertex.agent.llm_request``
+  / ``llm_response`` (Gemini ``functionCall`` / ``functionResponse`` parts) on ``call_llm``.
+"""
+
+from __future__ import annotations
+
+from otel_plumb.model.span import SpanRecord
+from otel_plumb.model.trajectory import NormalisedSpan, StepKind
+from otel_plumb.normalise import genai
+from otel_plumb.normalise.common import as_str, first_str, name_after, set_args, set_first_args, set_first_result
+from otel_plumb.normalise.values import decode
+
+_MCP_ARG_PREFIX = "mcp.request.argument."
+
+
+def read_mcp(span: SpanRecord, out: NormalisedSpan) -> None:
+    a = span.attributes
+    method = as_str(a.get("mcp.method.name"))
+    out.convention = "mcp"
+    if method != "tools/call":
+        out.kind, out.name = "other", span.name
+        return
+    out.kind = "tool"
+    out.name = (
+        first_str(a, ("gen_ai.tool.name", "mcp.tool.name")) or name_after(span.name, "tools/call ") or span.name
+    )
+    out.tool_call_id = first_str(a, ("gen_ai.tool.call.id",))
+    out.agent = as_str(a.get("gen_ai.agent.name"))
+    if not set_first_args(out, a, ("gen_ai.tool.call.arguments", "mcp.request.params.arguments")):
+        flat = {k[len(_MCP_ARG_PREFIX) :]: v for k, v in a.items() if k.startswith(_MCP_ARG_PREFIX)}
+        if flat:
+            set_args(out, {k: _arg_value(v) for k, v in flat.items()}, _MCP_ARG_PREFIX + "*")
+    set_first_result(out, a, ("gen_ai.tool.call.result", "mcp.tool.result.content"))
+    if a.get("mcp.tool.result.is_error") is True and out.error is None:
+        out.error = "tool returned isError"
+
+
+def _arg_value(value: object) -> object:
+    """Flattened MCP arguments are recorded as JSON of each value."""
+    d = decode(value)
+    return d.value if d.status == "captured" else value
+
+
+def read_strands(span: SpanRecord, out: NormalisedSpan) -> None:
+    genai.read_as(span, out, "strands")
+    a = span.attributes
+    if out.kind == "tool":
+        if out.args_status == "absent":
+            for e in span.events:
+                if e.name == "gen_ai.tool.message" and set_args(out, e.attributes.get("content"), e.name):
+                    break
+        if out.result_status == "absent":
+            for e in span.events:
+                if e.name == "gen_ai.choice" and set_first_result(out, e.attributes, ("message",)):
+                    break
+        if as_str(a.get("tool.status")) == "error" and out.error is None:
+            out.error = "tool.status error"
+    elif out.kind == "llm" and not out.requested_calls:
+        genai.read_legacy_events(span, out)
+        for e in span.events:
+            if e.name.startswith("gen_ai.") and e.name.endswith(".message") and e.name != "gen_ai.tool.message":
+                genai.read_input(out, e.attributes.get("content"), e.name)
+
+
+def read_adk(span: SpanRecord, out: NormalisedSpan) -> None:
+    a = span.attributes
+    kind: StepKind | None = None
+    if "gen_ai.operation.name" not in a:
+        if span.name == "call_llm" or "gcp.vertex.agent.llm_request" in a:
+            kind = "llm"
+        elif span.name.startswith(("agent_run", "invoke_agent")):
+            kind = "agent"
+    genai.read_as(span, out, "google_adk", kind)
+    if out.kind == "tool":
+        if out.args_status == "absent":
+            set_first_args(out, a, ("gcp.vertex.agent.tool_call_args",))
+        if out.result_status == "absent":
+            set_first_result(out, a, ("gcp.vertex.agent.tool_response",))
+    elif out.kind == "llm":
+        if not out.requested_calls and "gcp.vertex.agent.llm_response" in a:
+            genai.read_output(out, a["gcp.vertex.agent.llm_response"], "gcp.vertex.agent.llm_response")
+        if not out.tool_results and "gcp.vertex.agent.llm_request" in a:
+            genai.read_input(out, a["gcp.vertex.agent.llm_request"], "gcp.vertex.agent.llm_request")
+    elif out.kind == "agent" and out.name == span.name:
+        bracketed = span.name.partition("[")[2].rstrip("]")
+        out.name = bracketed or out.name
+        out.agent = out.name
