@@ -228,3 +228,28 @@ def test_context_file_keyed_by_task_overrides_attributes(tmp_path):
     other = {"invoice.id": "INV-2"}
     assert one(tmp_path, inv, trajectory(step("pay", args={"amount": 1}), attributes=other), extra).verdict \
         == "indeterminate"  # fmt: skip
+
+
+def test_early_failures_only_certain_fails(tmp_path):
+    p = policy(
+        tmp_path,
+        """
+        policy: t
+        invariants:
+          - {id: must, must_call: audit}
+          - {id: never, never_call: pay, when: "ctx.vendor_status == 'sanctioned'"}
+          - {id: order, precedes: {first: match, then: pay}}
+          - {id: once, call_count: {tool: pay, max: 1}}
+          - {id: budget, budget: {max_steps: 3}}
+          - {id: scoped, never_call: pay, scope: {before: audit}}
+          - {id: guard-on-steps, never_call: pay, when: "size(steps) > 0"}
+          - {id: args, arg_equals: {tool: pay, arg: amount, value: 1}}
+        """,
+    )
+    sanctioned = {"plumb.context.vendor_status": "sanctioned"}
+    partial = trajectory("fetch", "pay", "pay", "log", attributes=sanctioned)
+    early = {v.invariant: v for v in p.early_failures(partial)}
+    assert set(early) == {"never", "order", "once", "budget"}
+    assert early["once"].step_index == 2 and early["order"].step_index == 1
+    assert p.early_failures(trajectory("fetch", "match", "pay")) == []
+    assert {v.invariant for v in p.evaluate(partial) if v.verdict == "fail"} >= set(early)
