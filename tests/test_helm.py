@@ -1,0 +1,210 @@
+"""The Helm chart, rendered and linted by the real Helm CLI in both modes, its manifests checked
+against the Kubernetes schemas (kubernetes-validate, offline), its values against
+values.schema.json (check-jsonschema), and what it generates loaded by the processor itself."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from otel_plumb.check import load_policies
+from otel_plumb.processor.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "otel-plumb"
+EXAMPLES = ROOT / "helm" / "examples"
+POLICY_ARGS = [
+    "--set-file", f"policies.ap-controls={ROOT / 'configs' / 'policies' / 'ap.yaml'}",
+    "--set-file", f"policyData.ap-truth={ROOT / 'configs' / 'policies' / 'ap-truth.yaml'}",
+]  # fmt: skip
+K8S_VERSION = "1.33.0"
+# Custom resources of the Prometheus Operator: no schema ships with kubernetes-validate; their
+# content is checked separately (the rules with promtool).
+CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+
+def _helm() -> str:
+    helm = shutil.which("helm") or "/usr/local/bin/helm"
+    if not os.access(helm, os.X_OK):
+        pytest.fail("helm not found: run .ci/install.d/30-helm.sh")
+    return helm
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([_helm(), *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def render(values: Path, *extra: str) -> list[dict[str, Any]]:
+    result = helm("template", "plumb", str(CHART), "--namespace", "agents", "-f", str(values), *POLICY_ARGS, *extra)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def by_kind(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for doc in docs:
+        kinds.setdefault(doc["kind"], []).append(doc)
+    return kinds
+
+
+def validate(docs: list[dict[str, Any]]) -> None:
+    for doc in docs:
+        if doc["kind"] not in CUSTOM_KINDS:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def check_generated_files(kinds: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    """The processor loads the generated config and policies as they would be mounted."""
+    configs = {cm["metadata"]["name"]: cm["data"] for cm in kinds["ConfigMap"]}
+    policy_dir = tmp_path / "policies"
+    policy_dir.mkdir()
+    for name, content in configs["plumb-otel-plumb-policies"].items():
+        (policy_dir / name).write_text(content)
+    config_file = tmp_path / "config.yaml"
+    text = configs["plumb-otel-plumb-config"]["config.yaml"].replace("/etc/otel-plumb/policies", str(policy_dir))
+    config_file.write_text(text)
+    with pytest.MonkeyPatch.context() as env:
+        # The header value comes from the Secret through this variable.
+        env.setenv("OTEL_PLUMB_HEADER_AUTHORIZATION", "Bearer test")
+        config = load_config(str(config_file), {})
+    assert config.policies == [str(policy_dir / "ap-controls.yaml")]
+    assert [p.name for p in load_policies(config.policies)] == ["ap-controls"]
+
+
+def test_rules_copy_is_the_rules_file() -> None:
+    copy = CHART / "files" / "rules.yaml"
+    assert copy.read_text() == (ROOT / "configs" / "prometheus" / "rules.yaml").read_text(), (
+        "helm/otel-plumb/files/rules.yaml differs: cp configs/prometheus/rules.yaml helm/otel-plumb/files/rules.yaml"
+    )
+
+
+@pytest.mark.parametrize("values", ["gateway-values.yaml", "sidecar-values.yaml"])
+def test_lint_strict(values: str) -> None:
+    result = helm("lint", "--strict", str(CHART), "-f", str(EXAMPLES / values), *POLICY_ARGS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_lint_refuses_values_outside_the_schema() -> None:
+    result = helm("lint", str(CHART), "--set", "mode=daemonset")
+    assert result.returncode != 0
+    assert "mode" in result.stdout + result.stderr
+
+
+def test_gateway(tmp_path: Path) -> None:
+    docs = render(EXAMPLES / "gateway-values.yaml", "--set", "export.headers.authorization=Bearer x")
+    validate(docs)
+    kinds = by_kind(docs)
+    # Persistent export queue: one volume per replica.
+    (workload,) = kinds["StatefulSet"]
+    assert "Deployment" not in kinds
+    claims = workload["spec"]["volumeClaimTemplates"]
+    assert claims[0]["metadata"]["name"] == "otel-plumb-state"
+    pod = workload["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/var/lib/otel-plumb", "/tmp", "/etc/otel-plumb/policies"} <= mounts
+    header_env = container["env"][0]
+    assert header_env["valueFrom"]["secretKeyRef"] == {"name": "plumb-otel-plumb-export", "key": "authorization"}
+    assert kinds["Secret"][0]["stringData"] == {"authorization": "Bearer x"}
+
+    (service,) = kinds["Service"]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == workload["spec"]["selector"]["matchLabels"]
+    assert workload["spec"]["serviceName"] == service["metadata"]["name"]
+    (hpa,) = kinds["HorizontalPodAutoscaler"]
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "plumb-otel-plumb"}
+    assert "replicas" not in workload["spec"]  # the HPA owns it
+    (pdb,) = kinds["PodDisruptionBudget"]
+    assert pdb["spec"]["selector"] == workload["spec"]["selector"]
+    (monitor,) = kinds["ServiceMonitor"]
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    check_generated_files(kinds, tmp_path)
+
+
+def test_gateway_without_persistence_is_a_deployment() -> None:
+    docs = render(EXAMPLES / "gateway-values.yaml", "--set", "persistence.enabled=false")
+    validate(docs)
+    kinds = by_kind(docs)
+    (workload,) = kinds["Deployment"]
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["otel-plumb-state"] == {"name": "otel-plumb-state", "emptyDir": {}}
+    assert kinds["HorizontalPodAutoscaler"][0]["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+
+
+def test_prometheus_rule_is_the_rules_file(tmp_path: Path) -> None:
+    (rule,) = by_kind(render(EXAMPLES / "gateway-values.yaml"))["PrometheusRule"]
+    rules = yaml.safe_load((ROOT / "configs" / "prometheus" / "rules.yaml").read_text())
+    assert rule["spec"] == rules
+    rendered = tmp_path / "rendered-rules.yaml"
+    rendered.write_text(yaml.safe_dump(rule["spec"]))
+    promtool = shutil.which("promtool") or "promtool"
+    result = subprocess.run([promtool, "check", "rules", str(rendered)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_sidecar(tmp_path: Path) -> None:
+    docs = render(EXAMPLES / "sidecar-values.yaml")
+    validate(docs)
+    kinds = by_kind(docs)
+    assert not {"Deployment", "StatefulSet", "Service", "HorizontalPodAutoscaler"} & kinds.keys()
+    patch_map = next(cm for cm in kinds["ConfigMap"] if cm["metadata"]["name"].endswith("-sidecar-patch"))
+    patch = yaml.safe_load(patch_map["data"]["patch.yaml"])["spec"]["template"]
+    (sidecar,) = patch["spec"]["initContainers"]
+    assert sidecar["restartPolicy"] == "Always"  # a native sidecar: stops after the agent
+    (pod_monitor,) = kinds["PodMonitor"]
+    assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= patch["metadata"]["labels"].items()
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == sidecar["ports"][0]["name"]
+    # The agent's Deployment with the patch applied is a valid Deployment.
+    agent = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "agent", "namespace": "agents"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "agent"}},
+            "template": {
+                "metadata": {"labels": {"app": "agent", **patch["metadata"]["labels"]}},
+                "spec": {
+                    "containers": [{"name": "agent", "image": "agent:1"}],
+                    "initContainers": patch["spec"]["initContainers"],
+                    "volumes": patch["spec"]["volumes"],
+                },
+            },
+        },
+    }
+    kubernetes_validate.validate(agent, K8S_VERSION, strict=True)
+    config = yaml.safe_load(
+        next(cm for cm in kinds["ConfigMap"] if cm["metadata"]["name"].endswith("-config"))["data"]["config.yaml"]
+    )
+    # Only the agent in the same pod sends to the sidecar.
+    assert config["receivers"]["grpc"]["endpoint"] == "127.0.0.1:4317"
+    check_generated_files(kinds, tmp_path)
+
+
+def check_jsonschema(*instances: Path) -> subprocess.CompletedProcess[str]:
+    schema = CHART / "values.schema.json"
+    args = [sys.executable, "-m", "check_jsonschema", "--schemafile", str(schema), *map(str, instances)]
+    return subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_values_files_match_the_schema(tmp_path: Path) -> None:
+    result = check_jsonschema(CHART / "values.yaml", *sorted(EXAMPLES.glob("*.yaml")))
+    assert result.returncode == 0, result.stdout + result.stderr
+    bad = tmp_path / "bad-values.yaml"
+    bad.write_text("mode: gateway\nexport: {endpoint: tempo:4317}\ngateway: {replicas: 0}\n")
+    result = check_jsonschema(bad)
+    assert result.returncode != 0
+    assert "endpoint" in result.stdout and "replicas" in result.stdout
