@@ -26,17 +26,18 @@ from otel_plumb.processor.sink import SpanSink, Throttled
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 
 
-def retry_status(exc: Throttled) -> grpc.Status:
+def retry_status(exc: Throttled) -> tuple[grpc.StatusCode, str, tuple[tuple[str, bytes], ...]]:
+    """Code, message and trailing metadata of a throttling answer carrying RetryInfo."""
     info = error_details_pb2.RetryInfo()
     info.retry_delay.CopyFrom(Duration(seconds=int(exc.retry_after), nanos=int(exc.retry_after % 1 * 1e9)))
     status = status_pb2.Status(
         code=code_pb2.RESOURCE_EXHAUSTED if exc.overloaded else code_pb2.UNAVAILABLE, message=exc.reason
     )
     status.details.add().Pack(info)
-    grpc_status = rpc_status.to_status(status)
+    standard = rpc_status.to_status(status)
     # Also the bare RetryInfo header the OTel Python exporter reads.
-    metadata = (*grpc_status.trailing_metadata, ("google.rpc.retryinfo-bin", info.SerializeToString()))
-    return grpc.Status(grpc_status.code, grpc_status.details, metadata)  # type: ignore[call-arg]
+    metadata = (*standard.trailing_metadata, ("google.rpc.retryinfo-bin", info.SerializeToString()))
+    return standard.code, standard.details, metadata
 
 
 def trace_service_handler(sink: SpanSink, receiver: str = "grpc") -> grpc.GenericRpcHandler[bytes, bytes]:
@@ -49,7 +50,8 @@ def trace_service_handler(sink: SpanSink, receiver: str = "grpc") -> grpc.Generi
         try:
             result = await sink.ingest(request, receiver)
         except Throttled as exc:
-            await context.abort_with_status(retry_status(exc))  # type: ignore[attr-defined]
+            code, message, metadata = retry_status(exc)
+            await context.abort(code, message, trailing_metadata=metadata)
         response = ExportTraceServiceResponse()
         if result.rejected_spans:
             response.partial_success.rejected_spans = result.rejected_spans

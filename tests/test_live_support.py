@@ -1,0 +1,153 @@
+"""Helpers for the live processor tests (no tests here): configs on free loopback ports, an
+instrumented agent on the real OTLP exporters, /metrics scraping, and waiting with deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
+
+from otel_plumb.processor import ProcessorConfig, load_config
+
+ROOT_KEYS = ("plumb.verdict", "plumb.policy", "plumb.violations.count", "plumb.violations.ids")
+ANNOTATION_KEYS = frozenset((*ROOT_KEYS, "plumb.violation.ids"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def config(tmp_path: Path, backend_endpoint: str | None = None, **sections: Any) -> ProcessorConfig:
+    data: dict[str, Any] = {
+        "receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},
+        "metrics": {"endpoint": "127.0.0.1:0"},
+        "assembly": {"idle_timeout": 0.3, "tick": 0.05},
+        "verdict_log": {"path": str(tmp_path / "verdicts.jsonl")},
+        "shutdown": {"grace_period": 5},
+    }
+    if backend_endpoint is not None:
+        data["exporters"] = {
+            "otlp": {"endpoint": backend_endpoint, "state_dir": str(tmp_path / "state"),
+                     "retry": {"initial_interval": 0.05, "max_interval": 0.2}}
+        }
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    return load_config(None, data)
+
+
+def agent_provider(port: int, protocol: str = "grpc") -> tuple[TracerProvider, InMemorySpanExporter]:
+    """A TracerProvider exporting to the processor over the real OTLP exporter, and a copy of
+    every span it sent (to compare with what arrives downstream)."""
+    provider = TracerProvider(resource=Resource.create({"service.name": f"ap-service-{protocol}"}))
+    exporter: GrpcSpanExporter | HttpSpanExporter
+    if protocol == "grpc":
+        exporter = GrpcSpanExporter(endpoint=f"127.0.0.1:{port}", insecure=True)
+    else:
+        exporter = HttpSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces")
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=50))
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    return provider, memory
+
+
+def sent_spans(memory: InMemorySpanExporter) -> dict[str, Span]:
+    """What the SDK put on the wire, by span id (hex)."""
+    request = encode_spans(memory.get_finished_spans())
+    return {
+        span.span_id.hex(): span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans
+    }
+
+
+def strip_annotations(span: Span) -> Span:
+    """The span without the documented annotations: it must equal what the agent sent."""
+    out = Span()
+    out.CopyFrom(span)
+    del out.attributes[:]
+    out.attributes.extend(a for a in span.attributes if a.key not in ANNOTATION_KEYS)
+    del out.events[:]
+    out.events.extend(e for e in span.events if e.name != "plumb.violation")
+    return out
+
+
+def attribute(span: Span, key: str) -> Any:
+    for a in span.attributes:
+        if a.key == key:
+            kind = a.value.WhichOneof("value")
+            if kind == "array_value":
+                return [v.string_value for v in a.value.array_value.values]
+            return getattr(a.value, kind) if kind else None
+    return None
+
+
+def scrape(port: int, accept: str = "text/plain") -> str:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Accept": accept})
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        body: bytes = resp.read()
+    return body.decode()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def start_cli(
+    args: list[str], env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], dict[str, int], list[str]]:
+    """``otel-plumb run ARGS`` in a subprocess; returns it once listening, with its ports and
+    its log lines (kept being read so the pipe never fills)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "otel_plumb", "run", *args],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 20
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"otlp grpc [\d.]+:(\d+), otlp http [\d.]+:(\d+), metrics [\d.]+:(\d+)", line)
+        if m:
+            threading.Thread(target=lambda: lines.extend(proc.stderr or ()), daemon=True).start()
+            return proc, {"grpc": int(m.group(1)), "http": int(m.group(2)), "metrics": int(m.group(3))}, lines
+    proc.kill()
+    raise AssertionError("otel-plumb run did not start:\n" + "".join(lines))
