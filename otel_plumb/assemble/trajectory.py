@@ -31,27 +31,36 @@ def build_trajectory(
         problems.append(f"root span {root.span_id} has a parent {root.parent_span_id} not in the trace")
 
     drafts: list[tuple[tuple[int, int, int, str], Step]] = []
-    has_tool_spans = any(s.kind == "tool" for s in spans)
     tool_steps_by_call_id: dict[str, Step] = {}
+    tool_steps: list[Step] = []
     results_by_call_id: dict[str, object] = {}
     for s in spans:
         results_by_call_id.update(s.tool_results)
     for s in spans:
         step = _span_step(s)
         drafts.append(((s.start_ns, depth[s.span_id], s.end_ns, s.span_id), step))
-        if step.kind == "tool" and step.tool_call_id:
-            tool_steps_by_call_id[step.tool_call_id] = step
+        if step.kind == "tool":
+            tool_steps.append(step)
+            if step.tool_call_id:
+                tool_steps_by_call_id[step.tool_call_id] = step
+                if step.result_status == "absent" and step.tool_call_id in results_by_call_id:
+                    step.result, step.result_status = results_by_call_id[step.tool_call_id], "captured"
 
-    # Tool calls the model requested: matched to tool spans by tool-call id (never doubled),
-    # else, when the trace has no tool spans at all, they become steps of their own.
+    # Tool calls the model requested: matched to tool spans by tool-call id (never doubled), or,
+    # for tool spans that record no id, to the first unclaimed span of that name that starts
+    # after the request; when the trace has no tool spans at all, they become steps of their own.
+    claimed: set[int] = set()
     for s in spans:
         for n, call in enumerate(s.requested_calls):
             matched = tool_steps_by_call_id.get(call.tool_call_id or "")
+            if matched is None and tool_steps:
+                matched = _unclaimed_span_for(call, s, tool_steps, claimed)
             if matched is not None:
+                claimed.add(id(matched))
                 if _better_args(matched, call):
                     matched.args, matched.args_status, matched.args_source = call.args, "captured", "llm_output"
                 continue
-            if has_tool_spans:
+            if tool_steps:
                 problems.append(f"tool call {call.name!r} requested in span {s.span_id} has no tool span")
                 continue
             step = _requested_step(s, call, results_by_call_id)
@@ -136,6 +145,20 @@ def _span_step(s: NormalisedSpan) -> Step:
         tool_call_id=s.tool_call_id,
         tokens=s.tokens,
     )
+
+
+def _unclaimed_span_for(
+    call: RequestedCall, requester: NormalisedSpan, tool_steps: list[Step], claimed: set[int]
+) -> Step | None:
+    for step in tool_steps:  # in start order
+        if (
+            step.tool_call_id is None
+            and step.name == call.name
+            and id(step) not in claimed
+            and step.start_ns >= requester.start_ns
+        ):
+            return step
+    return None
 
 
 def _better_args(step: Step, call: RequestedCall) -> bool:

@@ -18,7 +18,15 @@ from __future__ import annotations
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, StepKind
 from otel_plumb.normalise import genai
-from otel_plumb.normalise.common import as_str, first_str, name_after, set_args, set_first_args, set_first_result
+from otel_plumb.normalise.common import (
+    as_str,
+    error_of,
+    first_str,
+    name_after,
+    set_args,
+    set_first_args,
+    set_first_result,
+)
 from otel_plumb.normalise.values import decode
 
 _MCP_ARG_PREFIX = "mcp.request.argument."
@@ -43,7 +51,7 @@ def read_mcp(span: SpanRecord, out: NormalisedSpan) -> None:
             set_args(out, {k: _arg_value(v) for k, v in flat.items()}, _MCP_ARG_PREFIX + "*")
     set_first_result(out, a, ("gen_ai.tool.call.result", "mcp.tool.result.content"))
     if a.get("mcp.tool.result.is_error") is True and out.error is None:
-        out.error = "tool returned isError"
+        out.error = error_of(span) or "tool returned isError"
 
 
 def _arg_value(value: object) -> object:
@@ -65,7 +73,7 @@ def read_strands(span: SpanRecord, out: NormalisedSpan) -> None:
                 if e.name == "gen_ai.choice" and set_first_result(out, e.attributes, ("message",)):
                     break
         if as_str(a.get("tool.status")) == "error" and out.error is None:
-            out.error = "tool.status error"
+            out.error = error_of(span) or "tool.status error"
     elif out.kind == "llm" and not out.requested_calls:
         genai.read_legacy_events(span, out)
         for e in span.events:

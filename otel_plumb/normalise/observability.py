@@ -36,6 +36,8 @@ def read_langsmith(span: SpanRecord, out: NormalisedSpan) -> None:
     out.kind = LANGSMITH_KINDS.get(str(a.get("langsmith.span.kind")).lower(), "other")
     out.name = first_str(a, ("langsmith.trace.name",)) or span.name
     _read_payloads(out, a, "gen_ai.prompt", "gen_ai.completion")
+    if out.kind == "tool" and isinstance(out.result, dict) and set(out.result) == {"output"}:
+        out.result = out.result["output"]  # LangSmith wraps a tool's non-dict return value
     if out.kind == "llm":
         out.name = first_str(a, ("gen_ai.request.model", "gen_ai.response.model")) or out.name
 

@@ -1,0 +1,173 @@
+"""Every convention fixture, read like ``otel-plumb replay`` reads files, gives the expected tool steps.
+
+The fixtures and their ``.expected.json`` are written by tests/fixtures/capture.py: captured from
+real instrumentation libraries where they run offline, built from the published attribute
+definitions (``"synthetic": true``) where not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_plumb.assemble import build_trajectory
+from otel_plumb.model import NormalisedSpan, SpanRecord, Trajectory
+from otel_plumb.normalise import CAPTURE_HINTS, normalise
+from otel_plumb.receive.files import ReadError, read_spans
+
+FIXTURES = Path(__file__).parent / "fixtures" / "conventions"
+NAMES = sorted(p.name.removesuffix(".expected.json") for p in FIXTURES.glob("*.expected.json"))
+
+# The convention each fixture's tool steps must be attributed to.
+CONVENTIONS = {
+    "google_adk": "google_adk",
+    "langfuse": "langfuse",
+    "langsmith": "langsmith",
+    "mcp": "mcp",
+    "mlflow": "mlflow",
+    "openai_v2": "otel_genai",
+    "openai_v2_no_content": "otel_genai",
+    "openinference_langchain": "openinference",
+    "openinference_openai": "openinference",
+    "otel_genai_events": "otel_genai",
+    "otel_genai_redacted": "otel_genai",
+    "pydantic_ai_v1": "pydantic_ai",
+    "pydantic_ai_v2": "pydantic_ai",
+    "pydantic_ai_v5": "pydantic_ai",
+    "strands": "strands",
+    "traceloop": "traceloop",
+    "vercel_ai": "vercel_ai",
+}
+
+
+def load(name: str) -> tuple[dict[str, Any], list[SpanRecord]]:
+    expected = json.loads((FIXTURES / f"{name}.expected.json").read_text())
+    items = list(read_spans(FIXTURES / f"{name}.jsonl"))
+    errors = [i for i in items if isinstance(i, ReadError)]
+    assert not errors, errors
+    return expected, [i for i in items if isinstance(i, SpanRecord)]
+
+
+def trajectory(spans: list[SpanRecord]) -> Trajectory:
+    by_trace: dict[str, list[NormalisedSpan]] = defaultdict(list)
+    for span in spans:
+        by_trace[span.trace_id].append(normalise(span))
+    assert len(by_trace) == 1, "each fixture is one agent run in one trace"
+    ((key, normalised),) = by_trace.items()
+    return build_trajectory(key, normalised)
+
+
+def test_every_fixture_is_checked():
+    assert sorted(CONVENTIONS) == NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fixture_gives_the_expected_tool_steps(name):
+    expected, spans = load(name)
+    assert len(spans) == expected["span_count"]
+    t = trajectory(spans)
+    got = [
+        {"name": s.name, "args": s.args, "error": s.error is not None, "source": s.source} for s in t.tool_steps
+    ]
+    assert got == expected["tool_steps"]
+    assert t.complete and t.root_span_id is not None
+    assert [s.index for s in t.steps] == list(range(len(t.steps)))
+    for step in t.tool_steps:
+        assert step.convention == CONVENTIONS[name]
+        assert (step.args_status == "captured") == (step.args is not None)
+        assert step.args_source is not None
+    assert CONVENTIONS[name] in CAPTURE_HINTS
+    assert t.attributes.get("service.name") == "billing-agent"
+
+
+@pytest.mark.parametrize("name", ["pydantic_ai_v2", "pydantic_ai_v5", "vercel_ai", "mcp", "langfuse", "mlflow"])
+def test_failed_calls_carry_the_error_message(name):
+    _, spans = load(name)
+    failed = [s for s in trajectory(spans).tool_steps if s.error is not None]
+    assert [s.name for s in failed] == ["send_payment"]
+    assert not failed[0].succeeded
+    if name != "mcp":  # MCP reports only error.type
+        assert "amount does not match invoice" in (failed[0].error or "")
+
+
+@pytest.mark.parametrize(
+    ("name", "agent", "session"),
+    [
+        ("pydantic_ai_v5", "billing", None),  # session: a generated gen_ai.conversation.id, checked below
+        ("vercel_ai", "billing-agent", "sess-vercel-1"),
+        ("strands", "billing", "sess-strands-1"),
+        ("google_adk", "billing", "sess-adk-1"),
+        ("mcp", "billing", "conv-mcp-1"),
+        ("traceloop", None, "sess-tl-1"),
+        ("langsmith", None, "thread-ls-1"),
+        ("langfuse", "billing-agent", "sess-lf-1"),
+        ("openinference_langchain", "billing_agent", None),
+    ],
+)
+def test_agent_and_session(name, agent, session):
+    _, spans = load(name)
+    t = trajectory(spans)
+    assert t.agent == agent
+    if session is not None:
+        assert t.session_id == session
+    if agent is not None:
+        assert all(s.agent == agent for s in t.tool_steps)
+
+
+def test_pydantic_ai_session_is_the_conversation_id():
+    _, spans = load("pydantic_ai_v5")
+    conversation = {s.attributes["gen_ai.conversation.id"] for s in spans}
+    assert len(conversation) == 1 and trajectory(spans).session_id == conversation.pop()
+
+
+@pytest.mark.parametrize("name", ["openai_v2", "openinference_openai"])
+def test_requested_calls_become_steps_with_the_results_given_back(name):
+    _, spans = load(name)
+    t = trajectory(spans)
+    lookup, payment = t.tool_steps
+    assert lookup.tool_call_id == "call_0" and lookup.result == {
+        "invoice_id": "INV-1042",
+        "amount": 120.5,
+        "currency": "EUR",
+        "status": "open",
+    }
+    assert payment.result_status == "captured" and payment.result["status"] == "paid"
+    llm = [s for s in t.steps if s.kind == "llm"]
+    assert [s.tokens for s in llm] == [52, 62, 72]  # prompt + completion tokens of each call
+    assert t.attributes["invoice.id"] == "INV-1042"  # a task key on the application's span
+
+
+def test_without_content_capture_there_are_model_calls_but_no_tool_steps():
+    _, spans = load("openai_v2_no_content")
+    t = trajectory(spans)
+    assert t.tool_steps == [] and [s.kind for s in t.steps].count("llm") == 3
+
+
+def test_langchain_tool_span_args_come_from_the_matching_request():
+    # LangChain records a one-argument tool's input as the bare value ("INV-1042"); the model's
+    # request with the same tool-call id names it.
+    _, spans = load("openinference_langchain")
+    lookup = trajectory(spans).tool_steps[0]
+    assert lookup.tool_call_id == "call_a" and lookup.args_source == "llm_output"
+    assert lookup.result == {"invoice_id": "INV-1042", "amount": 120.5, "currency": "EUR", "status": "open"}
+
+
+def test_redacted_and_undecodable_arguments_are_not_data():
+    _, spans = load("otel_genai_redacted")
+    t = trajectory(spans)
+    statuses = [s.args_status for s in t.tool_steps]
+    assert statuses == ["redacted", "undecodable", "captured"]
+    assert t.problems == [
+        "gen_ai.tool.call.arguments: neither JSON nor a Python literal (Expecting ',' delimiter)"
+    ]
+
+
+def test_events_form_fills_arguments_and_results_by_call_id():
+    _, spans = load("otel_genai_events")
+    lookup, payment = trajectory(spans).tool_steps
+    assert lookup.args_source == "llm_output" and lookup.source == "span"
+    assert lookup.result_status == "captured" and payment.result["status"] == "paid"
