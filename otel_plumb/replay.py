@@ -9,6 +9,7 @@ printed here; the commands, campaigns and reports call it.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Literal
 from otel_plumb.assemble import AddOutcome, Assembler, AssemblyLimits
 from otel_plumb.model import SpanRecord, Trajectory
 from otel_plumb.normalise import normalise
-from otel_plumb.receive.files import ReadError, read_spans
+from otel_plumb.receive.files import ReadError, read_batches
 
 GroupBy = Literal["trace", "session"]
 # How many later spans a trace waits, after its last span, for stragglers (other services,
@@ -92,36 +93,50 @@ def iter_trajectories(
 ) -> Iterator[Trajectory]:
     """Trajectories as they are assembled (streaming); ``stats`` is filled in along the way."""
     assembler = Assembler(replay_limits(group_by, window_spans))
+    add, due = assembler.add, assembler.due
     clock = 0
-    for path in paths:
-        file_stats = FileStats(os.fspath(path))
-        stats.files.append(file_stats)
-        for item in read_spans(path):
-            if not isinstance(item, SpanRecord):
-                file_stats.errors += 1
-                stats.add_error(item)
-                continue
-            try:
-                span = normalise(item)
-            except Exception as exc:  # one odd span must not stop a replay
-                file_stats.errors += 1
-                message = f"span {item.span_id} ({item.name!r}): not normalised: {exc}"
-                stats.add_error(ReadError(file_stats.path, message))
-                continue
-            file_stats.spans += 1
-            clock += 1
-            outcome, finished = assembler.add(span, None, float(clock))
-            if outcome is AddOutcome.LATE:
-                stats.late_spans += 1
-            elif outcome is AddOutcome.OVER_LIMIT:
-                stats.over_limit_spans += 1
-            if clock % _DUE_EVERY == 0:
-                finished = finished + assembler.due(float(clock))
-            for done in finished:
-                yield done.trajectory()
-        stats.spans += file_stats.spans
-    for done in assembler.drain(float(clock)):
-        yield done.trajectory()
+    next_due = _DUE_EVERY
+    # The pipeline makes no reference cycles, and cyclic collection passes over the
+    # growing set of buffered spans cost a fifth of replay time: paused while reading.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for path in paths:
+            file_stats = FileStats(os.fspath(path))
+            stats.files.append(file_stats)
+            for batch in read_batches(path):
+                for item in batch:
+                    if not isinstance(item, SpanRecord):
+                        file_stats.errors += 1
+                        stats.add_error(item)
+                        continue
+                    try:
+                        span = normalise(item)
+                    except Exception as exc:  # one odd span must not stop a replay
+                        file_stats.errors += 1
+                        message = f"span {item.span_id} ({item.name!r}): not normalised: {exc}"
+                        stats.add_error(ReadError(file_stats.path, message))
+                        continue
+                    clock += 1
+                    outcome, finished = add(span, None, float(clock))
+                    if outcome is not AddOutcome.ACCEPTED:
+                        if outcome is AddOutcome.LATE:
+                            stats.late_spans += 1
+                        else:
+                            stats.over_limit_spans += 1
+                    for done in finished:
+                        yield done.trajectory()
+                file_stats.spans = clock - stats.spans
+                if clock >= next_due:
+                    next_due = clock + _DUE_EVERY
+                    for done in due(float(clock)):
+                        yield done.trajectory()
+            stats.spans = clock
+        for done in assembler.drain(float(clock)):
+            yield done.trajectory()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
 
 
 def replay(

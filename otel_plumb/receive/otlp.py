@@ -25,12 +25,22 @@ def any_value(value: AnyValue) -> Any:
 
 def attributes(kvs: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    # The hot path of decoding: strings and ints are read inline, saving a call per value.
     for kv in kvs:
-        out[kv.key] = any_value(kv.value)
+        value = kv.value
+        kind = value.WhichOneof("value")
+        if kind == "string_value":
+            out[kv.key] = value.string_value
+        elif kind == "int_value":
+            out[kv.key] = value.int_value
+        else:
+            out[kv.key] = any_value(value)
     return out
 
 
 def span_record(span: Span, resource: dict[str, Any], scope_name: str) -> SpanRecord:
+    status = span.status
+    events = span.events
     return SpanRecord(
         span.trace_id.hex(),
         span.span_id.hex(),
@@ -39,10 +49,10 @@ def span_record(span: Span, resource: dict[str, Any], scope_name: str) -> SpanRe
         kind=span.kind,
         start_ns=span.start_time_unix_nano,
         end_ns=span.end_time_unix_nano,
-        status_code=span.status.code,
-        status_message=span.status.message,
+        status_code=status.code,
+        status_message=status.message,
         attributes=attributes(span.attributes),
-        events=[SpanEvent(e.name, e.time_unix_nano, attributes(e.attributes)) for e in span.events],
+        events=[SpanEvent(e.name, e.time_unix_nano, attributes(e.attributes)) for e in events] if events else None,
         resource=resource,
         scope_name=scope_name,
     )

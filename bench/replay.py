@@ -1,0 +1,248 @@
+"""Replay throughput and memory: ``python bench/replay.py [--spans N]``.
+
+Writes a Collector-style trace file (length-prefixed OTLP protobuf records) of agent traces
+(invoke_agent > chat / execute_tool spans with ~200-byte JSON arguments, 10-20 spans a trace),
+then measures, each in its own child process:
+
+- plain parse: ``ExportTraceServiceRequest.FromString`` over every record (the floor);
+- replay: read + normalise + assemble, the pipeline ``otel-plumb replay`` runs;
+
+and prints spans/s for both, their ratio, and the replay's peak RSS against the file size.
+Targets: replay >= 100k spans/s, >= 10% of plain parse, peak RSS < 2x file size + 200 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
+
+BATCH_SPANS = 512
+TOOLS = ("fetch_invoice", "match_purchase_order", "check_duplicate", "schedule_payment", "post_audit_log")
+
+
+def _kv(key: str, value: str | int) -> KeyValue:
+    value_ = AnyValue(int_value=value) if isinstance(value, int) else AnyValue(string_value=value)
+    return KeyValue(key=key, value=value_)
+
+
+def _arguments(rng: random.Random, i: int) -> str:
+    """About 200 bytes of JSON, as agents' tool arguments look."""
+    return json.dumps(
+        {
+            "invoice_id": f"INV-{i:07d}",
+            "vendor": {"id": f"V-{rng.randrange(10_000):05d}", "name": "Acme Industrial Supplies Ltd"},
+            "amount_gbp": round(rng.uniform(10, 50_000), 2),
+            "currency": "GBP",
+            "due_date": "2026-12-31",
+            "lines": [{"sku": f"SKU-{rng.randrange(999)}", "qty": rng.randrange(1, 9)} for _ in range(2)],
+        }
+    )
+
+
+def trace_spans(rng: random.Random, n: int) -> list[Span]:
+    """One agent trace, children before the root (the order in which spans end and are exported)."""
+    trace_id = rng.randbytes(16)
+    root_id = rng.randbytes(8)
+    start = 1_700_000_000_000_000_000 + n * 1_000_000_000
+    size = rng.randrange(10, 21)
+    spans: list[Span] = []
+    t = start
+    for k in range(size - 1):
+        span_id = rng.randbytes(8)
+        if k % 2 == 0:
+            attrs = [
+                _kv("gen_ai.operation.name", "chat"),
+                _kv("gen_ai.provider.name", "openai"),
+                _kv("gen_ai.request.model", "gpt-4o-mini"),
+                _kv("gen_ai.usage.input_tokens", rng.randrange(100, 4000)),
+                _kv("gen_ai.usage.output_tokens", rng.randrange(10, 400)),
+            ]
+            name = "chat gpt-4o-mini"
+        else:
+            tool = TOOLS[(k // 2) % len(TOOLS)]
+            attrs = [
+                _kv("gen_ai.operation.name", "execute_tool"),
+                _kv("gen_ai.tool.name", tool),
+                _kv("gen_ai.tool.call.id", f"call_{rng.getrandbits(64):016x}"),
+                _kv("gen_ai.tool.type", "function"),
+                _kv("gen_ai.tool.call.arguments", _arguments(rng, n)),
+                _kv("gen_ai.tool.call.result", '{"status": "ok"}'),
+            ]
+            name = f"execute_tool {tool}"
+        spans.append(
+            Span(
+                trace_id=trace_id,
+                span_id=span_id,
+                parent_span_id=root_id,
+                name=name,
+                kind=Span.SPAN_KIND_INTERNAL if k % 2 else Span.SPAN_KIND_CLIENT,
+                start_time_unix_nano=t,
+                end_time_unix_nano=t + 5_000_000,
+                attributes=attrs,
+            )
+        )
+        t += 6_000_000
+    spans.append(
+        Span(
+            trace_id=trace_id,
+            span_id=root_id,
+            name="invoke_agent ap",
+            kind=Span.SPAN_KIND_SERVER,
+            start_time_unix_nano=start,
+            end_time_unix_nano=t,
+            attributes=[
+                _kv("gen_ai.operation.name", "invoke_agent"),
+                _kv("gen_ai.agent.name", "ap"),
+                _kv("plumb.case.id", f"INV-{n:07d}"),
+            ],
+        )
+    )
+    return spans
+
+
+def write_file(path: Path, total_spans: int, seed: int = 7) -> int:
+    rng = random.Random(seed)
+    resource_attrs = [_kv("service.name", "ap-agent"), _kv("telemetry.sdk.language", "python")]
+    written = 0
+    n = 0
+    pending: list[Span] = []
+    with path.open("wb") as f:
+
+        def flush() -> None:
+            rs = ResourceSpans()
+            rs.resource.attributes.extend(resource_attrs)
+            ss = rs.scope_spans.add()
+            ss.scope.name = "opentelemetry.instrumentation.openai_v2"
+            ss.spans.extend(pending)
+            data = ExportTraceServiceRequest(resource_spans=[rs]).SerializeToString()
+            f.write(struct.pack(">I", len(data)) + data)
+            pending.clear()
+
+        while written < total_spans:
+            spans = trace_spans(rng, n)
+            n += 1
+            pending.extend(spans)
+            written += len(spans)
+            if len(pending) >= BATCH_SPANS:
+                flush()
+        if pending:
+            flush()
+    return written
+
+
+def child_parse(path: str) -> dict[str, float]:
+    start = time.perf_counter()
+    spans = 0
+    with open(path, "rb") as f:
+        while header := f.read(4):
+            (size,) = struct.unpack(">I", header)
+            request = ExportTraceServiceRequest.FromString(f.read(size))
+            for rs in request.resource_spans:
+                for ss in rs.scope_spans:
+                    spans += len(ss.spans)
+    return {"seconds": time.perf_counter() - start, "spans": spans}
+
+
+def child_read(path: str) -> dict[str, float]:
+    from otel_plumb.receive.files import read_spans
+
+    start = time.perf_counter()
+    spans = sum(1 for _ in read_spans(path))
+    return {"seconds": time.perf_counter() - start, "spans": spans}
+
+
+def child_replay(path: str) -> dict[str, float]:
+    from otel_plumb.replay import ReplayStats, iter_trajectories
+    from otel_plumb.report.coverage import CoverageCounter
+
+    start = time.perf_counter()
+    stats = ReplayStats()
+    counter = CoverageCounter()
+    trajectories = 0
+    tool_steps = 0
+    for t in iter_trajectories([path], stats):
+        trajectories += 1
+        tool_steps += len(t.tool_steps)
+        counter.add(t)
+    seconds = time.perf_counter() - start
+    return {
+        "seconds": seconds,
+        "spans": stats.spans,
+        "trajectories": trajectories,
+        "tool_steps": tool_steps,
+        "args_captured": counter.args.get("captured", 0),
+        "errors": stats.errors_total,
+    }
+
+
+def run_child(mode: str, path: Path) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", mode, str(path)], check=True, capture_output=True, text=True
+    )
+    result: dict[str, float] = json.loads(out.stdout)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spans", type=int, default=200_000)
+    parser.add_argument("--child", nargs=2, metavar=("MODE", "FILE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        mode, path = args.child
+        result = {"parse": child_parse, "read": child_read, "replay": child_replay}[mode](path)
+        result["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps(result))
+        return
+
+    with tempfile.TemporaryDirectory(prefix="otel-plumb-bench-") as tmp:
+        path = Path(tmp) / "traces.pb"
+        t0 = time.perf_counter()
+        spans = write_file(path, args.spans)
+        size_mb = os.path.getsize(path) / 2**20
+        print(f"file: {spans} spans, {size_mb:.1f} MB of length-prefixed OTLP protobuf "
+              f"(written in {time.perf_counter() - t0:.1f}s)")
+        parse = run_child("parse", path)
+        read = run_child("read", path)
+        replay = run_child("replay", path)
+
+    parse_rate = parse["spans"] / parse["seconds"]
+    replay_rate = replay["spans"] / replay["seconds"]
+    ratio = replay_rate / parse_rate
+    mem_budget = 2 * size_mb + 200
+    print(f"plain parse (FromString): {parse_rate:>12,.0f} spans/s   ({parse['seconds']:.2f}s, "
+          f"peak RSS {parse['max_rss_mb']:.0f} MB)")
+    read_rate = read["spans"] / read["seconds"]
+    print(f"read to SpanRecords (decode only): {read_rate:>9,.0f} spans/s   ({read['seconds']:.2f}s, "
+          f"{read['seconds'] / replay['seconds']:.0%} of replay time)")
+    print(f"replay (read+normalise+assemble): {replay_rate:>10,.0f} spans/s   ({replay['seconds']:.2f}s, "
+          f"{replay['trajectories']:.0f} trajectories, {replay['tool_steps']:.0f} tool steps, "
+          f"{replay['args_captured']:.0f} with arguments, {replay['errors']:.0f} errors)")
+    print(f"replay / plain parse: {ratio:.1%}")
+    print(f"replay peak RSS: {replay['max_rss_mb']:.0f} MB for a {size_mb:.1f} MB file "
+          f"(budget 2x file + 200 MB = {mem_budget:.0f} MB)")
+    checks = {
+        "replay >= 100k spans/s": replay_rate >= 100_000,
+        "replay >= 10% of plain parse": ratio >= 0.10,
+        "peak RSS < 2x file + 200 MB": replay["max_rss_mb"] < mem_budget,
+        "every span read": replay["spans"] == spans == parse["spans"],
+    }
+    for name, ok in checks.items():
+        print(f"  [{'ok' if ok else 'MISSED'}] {name}")
+
+
+if __name__ == "__main__":
+    main()
