@@ -170,22 +170,34 @@ class ProcessorConfig(_Model):
     shutdown: ShutdownConfig = ShutdownConfig()
 
 
-def substitute_env(text: str, source: str = "<config>") -> str:
+def substitute_env(value: str, where: str = "<config>") -> str:
     """Replace ``${env:NAME}`` (Collector syntax). An unset variable without a default is an error."""
 
     def repl(m: re.Match[str]) -> str:
         if m.group(1):  # $${...} is a literal ${...}
             return m.group(0)[1:]
         name, default = m.group(2), m.group(3)
-        value = os.environ.get(name)
-        if value is None:
+        env = os.environ.get(name)
+        if env is None:
             if default is not None:
                 return default
-            line = text.count("\n", 0, m.start()) + 1
-            raise ConfigError(f"{source}:{line}: environment variable {name} is not set (referenced as {m.group(0)})")
-        return value
+            raise ConfigError(f"{where}: environment variable {name} is not set (referenced as {m.group(0)})")
+        return env
 
-    return _ENV.sub(repl, text)
+    return _ENV.sub(repl, value)
+
+
+def _substitute_nodes(node: yaml.Node, source: str) -> None:
+    """Expand ``${env:...}`` in scalar values only (as the Collector does): never in comments or keys."""
+    if isinstance(node, yaml.ScalarNode):
+        if isinstance(node.value, str) and "${" in node.value:
+            node.value = substitute_env(node.value, f"{source}:{node.start_mark.line + 1}")
+    elif isinstance(node, yaml.MappingNode):
+        for _key, value in node.value:
+            _substitute_nodes(value, source)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _substitute_nodes(item, source)
 
 
 def _line_of(node: yaml.Node | None, loc: Sequence[int | str]) -> tuple[int | None, str]:
@@ -215,10 +227,12 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str,
             raw = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"{source}: cannot read: {exc.strerror}") from exc
-        text = substitute_env(raw, source)
         try:
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
-            loaded = yaml.safe_load(text)
+            node = yaml.compose(raw, Loader=yaml.SafeLoader)
+            loaded = None
+            if node is not None:
+                _substitute_nodes(node, source)
+                loaded = yaml.SafeLoader("").construct_document(node)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f":{mark.line + 1}" if mark is not None else ""

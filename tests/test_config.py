@@ -1,0 +1,98 @@
+"""The processor config: defaults, errors with file/line/key, ${env:NAME}, and the run flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from otel_plumb.cli.run import run
+from otel_plumb.processor import ConfigError, load_config
+
+
+def test_no_file_gives_the_spec_defaults() -> None:
+    cfg = load_config(None)
+    assert cfg.receivers.grpc.endpoint == "127.0.0.1:4317"
+    assert cfg.receivers.http.endpoint == "127.0.0.1:4318"
+    assert cfg.metrics.endpoint == "127.0.0.1:9464"
+    assert cfg.exporters.otlp is None
+    assert cfg.receivers.max_message_mib == 16
+
+
+def test_full_example_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BACKEND_TOKEN", "s3cret")
+    cfg = load_config(Path(__file__).parent.parent / "configs" / "otel-plumb.yaml")
+    assert cfg.exporters.otlp is not None
+    assert cfg.exporters.otlp.headers["authorization"] == "Bearer s3cret"
+    assert cfg.assembly.idle_timeout == 2.0
+
+
+def test_unknown_key_names_file_line_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("receivers:\n  grpc:\n    endpoint: 127.0.0.1:4317\n    max_msg: 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}:4: receivers.grpc.max_msg: unknown key"
+
+
+def test_bad_values_name_their_line(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "assembly:\n  idle_timeout: soon\n"
+        "exporters:\n  otlp:\n    endpoint: tcp://x:1\n"
+        "receivers:\n  http: {endpoint: nowhere}\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    lines = str(err.value).splitlines()
+    assert any(line.startswith(f"{path}:2: assembly.idle_timeout: ") and "not a duration" in line for line in lines)
+    assert any(line.startswith(f"{path}:5: exporters.otlp.endpoint: ") for line in lines)
+    assert any(line.startswith(f"{path}:7: receivers.http.endpoint: ") for line in lines)
+
+
+def test_durations_and_env_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PLUMB_UNSET", raising=False)
+    monkeypatch.setenv("PLUMB_PORT", "5317")
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "assembly: {idle_timeout: 500ms, max_wait: 5m}\n"
+        "receivers: {grpc: {endpoint: '127.0.0.1:${env:PLUMB_PORT}'},\n"
+        "            http: {endpoint: '${env:PLUMB_UNSET:-0.0.0.0:4318}'}}\n"
+        "verdict_log: {path: '/tmp/$${env:LITERAL}'}\n"
+    )
+    cfg = load_config(path)
+    assert cfg.assembly.idle_timeout == 0.5 and cfg.assembly.max_wait == 300
+    assert cfg.receivers.grpc.endpoint == "127.0.0.1:5317"
+    assert cfg.receivers.http.endpoint == "0.0.0.0:4318"
+    assert cfg.verdict_log.path == "/tmp/${env:LITERAL}"
+
+
+def test_unset_env_variable_is_an_error_with_its_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PLUMB_TOKEN", raising=False)
+    path = tmp_path / "c.yaml"
+    path.write_text("exporters:\n  otlp:\n    endpoint: grpc://127.0.0.1:4317\n    headers:\n      x: '${env:PLUMB_TOKEN}'\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:5: environment variable PLUMB_TOKEN is not set"):
+        load_config(path)
+
+
+def test_flags_override_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("exporters:\n  otlp: {endpoint: 'grpc://127.0.0.1:1', mode: passthrough}\n")
+    cfg = load_config(path, {"exporters.otlp.endpoint": "http://127.0.0.1:4318", "metrics.endpoint": ""})
+    assert cfg.exporters.otlp is not None
+    assert cfg.exporters.otlp.endpoint == "http://127.0.0.1:4318" and cfg.exporters.otlp.mode == "passthrough"
+    assert cfg.metrics.endpoint == ""
+
+
+def test_run_refuses_a_bad_config_or_policy_with_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("recievers: {}\n")
+    result = CliRunner().invoke(run, ["--config", str(path)])
+    assert result.exit_code == 2 and f"{path}:1: recievers: unknown key" in result.output
+    policy = tmp_path / "p.yaml"
+    policy.write_text("policy: p\ninvariants:\n  - {id: a, must_cal: x}\n")
+    result = CliRunner().invoke(run, ["--policy", str(policy), "--grpc", "127.0.0.1:0"])
+    assert result.exit_code == 2 and str(policy) in result.output
+    result = CliRunner().invoke(run, ["--export-otlp", "ftp://x"])
+    assert result.exit_code == 2 and "exporters.otlp.endpoint" in result.output

@@ -1,0 +1,137 @@
+"""Annotation never changes a span beyond the added attributes and events (property-based),
+and regrouping keeps every span under its own resource and scope."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
+
+from otel_plumb.export.annotate import Origin, Payload, annotate, build_requests
+from otel_plumb.model import Trajectory, Verdict
+
+ADDED_ATTRIBUTES = {
+    "plumb.verdict",
+    "plumb.policy",
+    "plumb.violations.count",
+    "plumb.violations.ids",
+    "plumb.violation.ids",
+}
+
+scalars = st.one_of(
+    st.text(max_size=20).map(lambda s: AnyValue(string_value=s)),
+    st.integers(-(2**63), 2**63 - 1).map(lambda i: AnyValue(int_value=i)),
+    st.floats(allow_nan=False).map(lambda f: AnyValue(double_value=f)),
+    st.booleans().map(lambda b: AnyValue(bool_value=b)),
+    st.binary(max_size=8).map(lambda b: AnyValue(bytes_value=b)),
+)
+key_values = st.lists(st.builds(lambda k, v: KeyValue(key=k, value=v), st.text(max_size=16), scalars), max_size=6)
+
+
+@st.composite
+def spans(draw: st.DrawFn, trace_id: bytes, span_id: bytes, parent: bytes) -> Span:
+    span = Span(
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_span_id=parent,
+        name=draw(st.text(max_size=20)),
+        kind=draw(st.integers(0, 5)),  # type: ignore[arg-type]
+        start_time_unix_nano=draw(st.integers(0, 2**63)),
+        end_time_unix_nano=draw(st.integers(0, 2**63)),
+        trace_state=draw(st.text(max_size=10)),
+        flags=draw(st.integers(0, 2**32 - 1)),
+        dropped_attributes_count=draw(st.integers(0, 5)),
+        status=Status(code=draw(st.integers(0, 2)), message=draw(st.text(max_size=10))),  # type: ignore[arg-type]
+    )
+    span.attributes.extend(draw(key_values))
+    for _ in range(draw(st.integers(0, 2))):
+        event = span.events.add(name=draw(st.text(max_size=10)), time_unix_nano=draw(st.integers(0, 2**63)))
+        event.attributes.extend(draw(key_values))
+    for _ in range(draw(st.integers(0, 1))):
+        span.links.add(trace_id=trace_id, span_id=draw(st.binary(min_size=8, max_size=8)))
+    return span
+
+
+@st.composite
+def trajectories(draw: st.DrawFn) -> tuple[list[Span], Trajectory, list[Verdict]]:
+    trace_id = draw(st.binary(min_size=16, max_size=16))
+    ids = draw(st.lists(st.binary(min_size=8, max_size=8), min_size=1, max_size=5, unique=True))
+    out = [draw(spans(trace_id, ids[0], b""))] + [draw(spans(trace_id, i, ids[0])) for i in ids[1:]]
+    has_root = draw(st.booleans())
+    verdicts = [
+        Verdict(
+            invariant=draw(st.sampled_from(["a", "b", "c"])),
+            policy="p",
+            verdict=draw(st.sampled_from(["pass", "fail", "indeterminate"])),
+            severity="high",
+            span_id=draw(st.one_of(st.none(), st.sampled_from([i.hex() for i in ids]))),
+            expected=draw(st.one_of(st.none(), st.integers(), st.text(max_size=5))),
+            got=draw(st.one_of(st.none(), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))),
+        )
+        for _ in range(draw(st.integers(0, 4)))
+    ]
+    trajectory = Trajectory(key=trace_id.hex(), trace_ids=[trace_id.hex()], steps=[],
+                            root_span_id=ids[0].hex() if has_root else None)
+    return out, trajectory, verdicts
+
+
+@settings(max_examples=150, deadline=None)
+@given(trajectories())
+def test_annotation_only_adds_attributes_and_events(case: tuple[list[Span], Trajectory, list[Verdict]]) -> None:
+    originals, trajectory, verdicts = case
+    origin = Origin(ResourceSpans(), ScopeSpans())
+    payloads: list[Payload] = []
+    for span in originals:
+        copy = Span()
+        copy.CopyFrom(span)
+        payloads.append((copy, origin))
+    annotate(payloads, trajectory, "violating", ["p"], verdicts)
+
+    violation_events = 0
+    for original, (annotated, _) in zip(originals, payloads, strict=True):
+        added_attributes = annotated.attributes[len(original.attributes) :]
+        added_events = annotated.events[len(original.events) :]
+        assert {a.key for a in added_attributes} <= ADDED_ATTRIBUTES
+        assert all(e.name == "plumb.violation" for e in added_events)
+        violation_events += len(added_events)
+        # Everything else, the original attributes and events included, is untouched.
+        trimmed = Span()
+        trimmed.CopyFrom(annotated)
+        del trimmed.attributes[len(original.attributes) :]
+        del trimmed.events[len(original.events) :]
+        assert trimmed == original
+    assert violation_events == sum(1 for v in verdicts if v.verdict == "fail")
+    root = payloads[0][0]  # the parentless span; also the stand-in when no root is known (earliest start)
+    stand_in = root if trajectory.root_span_id else min((p[0] for p in payloads), key=lambda s: s.start_time_unix_nano)
+    assert {a.key for a in stand_in.attributes} >= {"plumb.verdict", "plumb.violations.count"}
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2)), min_size=1, max_size=40), st.integers(1, 7))
+def test_regrouping_keeps_resource_and_scope(layout: list[tuple[int, int]], max_spans: int) -> None:
+    resources = [ResourceSpans(schema_url=f"r{i}") for i in range(3)]
+    for i, rs in enumerate(resources):
+        rs.resource.attributes.add(key="service.name").value.string_value = f"svc{i}"
+    scopes = {(r, s): ScopeSpans(schema_url=f"s{r}{s}") for r in range(3) for s in range(3)}
+    for (r, s), ss in scopes.items():
+        ss.scope.name = f"scope{r}{s}"
+    payloads: list[Payload] = []
+    for n, (r, s) in enumerate(layout):
+        span = Span(span_id=n.to_bytes(8, "big"), trace_id=b"\x01" * 16, name=f"{r}/{s}")
+        payloads.append((span, Origin(resources[r], scopes[(r, s)])))
+    requests = build_requests(payloads, max_spans)
+    assert all(count <= max_spans for _, count in requests)
+    seen: Counter[bytes] = Counter()
+    for request, count in requests:
+        assert count == sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        for rs in request.resource_spans:
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    r, s = (int(x) for x in span.name.split("/"))
+                    assert rs.resource == resources[r].resource and rs.schema_url == f"r{r}"
+                    assert ss.scope.name == f"scope{r}{s}" and ss.schema_url == f"s{r}{s}"
+                    seen[span.span_id] += 1
+    assert seen == Counter(span.span_id for span, _ in payloads)

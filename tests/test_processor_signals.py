@@ -1,0 +1,128 @@
+"""``otel-plumb run`` as a process: SIGTERM drains everything in flight; after SIGKILL the
+on-disk queue delivers what was accepted once the processor is back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+from test_live_support import (
+    agent_provider,
+    attribute,
+    free_port,
+    metric,
+    scrape,
+    sent_spans,
+    start_cli,
+    strip_annotations,
+    wait_until,
+)
+
+from otel_plumb.demo.agent import INVOICES, run_all
+from otel_plumb.demo.backend import OtlpBackend
+from otel_plumb.demo.run import policy_path
+
+
+def _config(tmp_path: Path, idle_timeout: str) -> Path:
+    path = tmp_path / "otel-plumb.yaml"
+    path.write_text(
+        f"""
+assembly:
+  idle_timeout: {idle_timeout}
+  tick: 50ms
+exporters:
+  otlp:
+    endpoint: grpc://127.0.0.1:1   # replaced by --export-otlp
+    retry: {{initial_interval: 50ms, max_interval: 200ms}}
+logging: {{level: info}}
+"""
+    )
+    return path
+
+
+def _args(tmp_path: Path, idle_timeout: str, export: str) -> list[str]:
+    return [
+        "--config", str(_config(tmp_path, idle_timeout)),
+        "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
+        "--export-otlp", export,
+        "--state-dir", str(tmp_path / "state"),
+        "--verdict-log", str(tmp_path / "verdicts.jsonl"),
+        "--policy", str(policy_path()),
+    ]  # fmt: skip
+
+
+def _send(port: int) -> dict[str, object]:
+    agent, memory = agent_provider(port)
+    run_all(agent)
+    agent.force_flush()
+    agent.shutdown()
+    return dict(sent_spans(memory))
+
+
+async def _stop(proc: subprocess.Popen[str], sig: signal.Signals) -> int:
+    proc.send_signal(sig)
+    return await asyncio.to_thread(proc.wait, 20)
+
+
+async def test_sigterm_decides_and_exports_everything_in_flight(tmp_path: Path) -> None:
+    backend = OtlpBackend()
+    await backend.start(0)
+    # idle_timeout far beyond the test: every trajectory is still in flight at SIGTERM.
+    proc, ports, log = await asyncio.to_thread(start_cli, _args(tmp_path, "5m", backend.endpoint))
+    try:
+        sent = await asyncio.to_thread(_send, ports["grpc"])
+        text = ""
+
+        def received() -> bool:
+            nonlocal text
+            text = scrape(ports["metrics"])
+            return metric(text, "plumb_spans_received_total") == len(sent)
+
+        await wait_until(received, 10, "the processor to receive every span")
+        assert metric(text, "plumb_traces_in_flight") == len(INVOICES)
+        assert backend.span_count == 0
+        assert await _stop(proc, signal.SIGTERM) == 0, "".join(log)
+    finally:
+        proc.kill()
+        await backend.stop()
+    counts = Counter(s.span_id.hex() for s in backend.spans())
+    assert set(counts) == set(sent) and set(counts.values()) == {1}
+    for span in backend.spans():
+        assert strip_annotations(span) == sent[span.span_id.hex()]
+    roots = [s for s in backend.spans() if not s.parent_span_id]
+    assert sorted(attribute(r, "plumb.verdict") for r in roots) == ["conformant"] * 3 + ["violating"] * 3
+    logged = [json.loads(line) for line in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
+    assert len(logged) == len(INVOICES) and all(r["complete"] for r in logged)
+
+
+async def test_sigkill_while_backend_down_then_restart_delivers_what_was_accepted(tmp_path: Path) -> None:
+    port = free_port()
+    endpoint = f"grpc://127.0.0.1:{port}"
+    proc, ports, log = await asyncio.to_thread(start_cli, _args(tmp_path, "200ms", endpoint))
+    backend = OtlpBackend()
+    try:
+        sent = await asyncio.to_thread(_send, ports["grpc"])
+        await wait_until(
+            lambda: metric(scrape(ports["metrics"]), "plumb_export_queue_spans") == len(sent),
+            10,
+            "every span decided and queued on disk",
+        )
+        assert await _stop(proc, signal.SIGKILL) == -signal.SIGKILL
+        await backend.start(port)
+        proc, ports, log = await asyncio.to_thread(start_cli, _args(tmp_path, "200ms", endpoint))
+        await wait_until(lambda: backend.span_count >= len(sent), 15, "the queue to be delivered after restart")
+        await wait_until(
+            lambda: metric(scrape(ports["metrics"]), "plumb_export_queue_spans") == 0, 5, "acknowledgements"
+        )
+        assert await _stop(proc, signal.SIGTERM) == 0, "".join(log)
+    finally:
+        proc.kill()
+        await backend.stop()
+    counts = Counter(s.span_id.hex() for s in backend.spans())
+    assert set(counts) == set(sent) and set(counts.values()) == {1}
+    roots = [s for s in backend.spans() if not s.parent_span_id]
+    assert all(attribute(r, "plumb.verdict") in ("conformant", "violating") for r in roots)
