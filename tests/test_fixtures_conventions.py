@@ -70,9 +70,7 @@ def test_fixture_gives_the_expected_tool_steps(name):
     expected, spans = load(name)
     assert len(spans) == expected["span_count"]
     t = trajectory(spans)
-    got = [
-        {"name": s.name, "args": s.args, "error": s.error is not None, "source": s.source} for s in t.tool_steps
-    ]
+    got = [{"name": s.name, "args": s.args, "error": s.error is not None, "source": s.source} for s in t.tool_steps]
     assert got == expected["tool_steps"]
     assert t.complete and t.root_span_id is not None
     assert [s.index for s in t.steps] == list(range(len(t.steps)))
@@ -161,9 +159,7 @@ def test_redacted_and_undecodable_arguments_are_not_data():
     t = trajectory(spans)
     statuses = [s.args_status for s in t.tool_steps]
     assert statuses == ["redacted", "undecodable", "captured"]
-    assert t.problems == [
-        "gen_ai.tool.call.arguments: neither JSON nor a Python literal (Expecting ',' delimiter)"
-    ]
+    assert t.problems == ["gen_ai.tool.call.arguments: neither JSON nor a Python literal (Expecting ',' delimiter)"]
 
 
 def test_events_form_fills_arguments_and_results_by_call_id():

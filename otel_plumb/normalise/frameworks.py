@@ -40,9 +40,7 @@ def read_mcp(span: SpanRecord, out: NormalisedSpan) -> None:
         out.kind, out.name = "other", span.name
         return
     out.kind = "tool"
-    out.name = (
-        first_str(a, ("gen_ai.tool.name", "mcp.tool.name")) or name_after(span.name, "tools/call ") or span.name
-    )
+    out.name = first_str(a, ("gen_ai.tool.name", "mcp.tool.name")) or name_after(span.name, "tools/call ") or span.name
     out.tool_call_id = first_str(a, ("gen_ai.tool.call.id",))
     out.agent = as_str(a.get("gen_ai.agent.name"))
     if not set_first_args(out, a, ("gen_ai.tool.call.arguments", "mcp.request.params.arguments")):

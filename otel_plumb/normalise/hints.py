@@ -30,7 +30,6 @@ CAPTURE_HINTS: dict[str, str] = {
     "mlflow": "enable tracing with inputs/outputs, e.g. mlflow.<flavor>.autolog() or @mlflow.trace on the tool",
     "langfuse": "do not disable capture_input / capture_output (@observe) and use no mask that drops tool input",
     "unknown": (
-        "instrument the agent with an OTel GenAI or OpenInference instrumentation that records tool "
-        "names and arguments"
+        "instrument the agent with an OTel GenAI or OpenInference instrumentation that records tool names and arguments"
     ),
 }

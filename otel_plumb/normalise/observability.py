@@ -88,4 +88,3 @@ def _usage_total(usage: dict[str, Any], parts: tuple[str, str], total_key: str) 
     if any(v is not None for v in values):
         return sum(v or 0 for v in values)
     return as_int(usage.get(total_key))
-

@@ -30,7 +30,6 @@ from otel_plumb.normalise.common import (
 KINDS: dict[str, StepKind] = {"tool": "tool", "agent": "agent"}
 
 
-
 def read(span: SpanRecord, out: NormalisedSpan) -> None:
     a = span.attributes
     out.convention = "traceloop"

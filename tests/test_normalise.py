@@ -1,0 +1,281 @@
+"""Normalise: dispatch, the fields every convention shares, and robustness on arbitrary spans."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from otel_plumb.assemble import build_trajectory
+from otel_plumb.model import SpanEvent, SpanRecord
+from otel_plumb.model.span import STATUS_ERROR
+from otel_plumb.normalise import CAPTURE_HINTS, normalise
+from otel_plumb.normalise.dispatch import BY_SCOPE, BY_SPAN_NAME, MARKERS
+
+
+def span(attributes=None, *, name="s", scope="", events=None, status=0, message="", resource=None, parent=None):
+    return SpanRecord(
+        "t1",
+        "a1",
+        parent,
+        name,
+        start_ns=1,
+        end_ns=2,
+        status_code=status,
+        status_message=message,
+        attributes=attributes or {},
+        events=events or [],
+        resource=resource or {},
+        scope_name=scope,
+    )
+
+
+def test_a_span_matching_no_convention_is_kept_as_other():
+    n = normalise(span({"http.method": "GET"}, name="GET /health"))
+    assert (n.kind, n.convention, n.name) == ("other", "unknown", "GET /health")
+    assert n.attributes == {"http.method": "GET"}
+
+
+def test_short_scalar_attributes_are_kept_long_payloads_are_not():
+    resource = {"service.name": "billing", "host.name": "h1", "big": "x" * 300}
+    attributes = {
+        "plumb.case.id": "c1",
+        "plumb.context.expected_amount": 120.5,
+        "invoice.id": "INV-1",
+        "gen_ai.tool.call.arguments": json.dumps({"blob": "y" * 400}),
+        "llm.input_messages.0.message.content": "short but flattened",
+        "flag": True,
+        "list": [1, 2],
+        "service.name": "span-level wins",
+    }
+    n = normalise(span(attributes, resource=resource))
+    assert n.attributes == {
+        "service.name": "span-level wins",
+        "host.name": "h1",
+        "plumb.case.id": "c1",
+        "plumb.context.expected_amount": 120.5,
+        "invoice.id": "INV-1",
+        "flag": True,
+    }
+
+
+def test_errors_from_status_exception_events_and_error_type():
+    tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "pay"}
+    assert normalise(span(tool, status=STATUS_ERROR, message="declined")).error == "declined"
+    exc = SpanEvent("exception", 5, {"exception.type": "ValueError", "exception.message": "bad amount"})
+    assert normalise(span(tool, events=[exc])).error == "bad amount"
+    assert normalise(span({**tool, "error.type": "timeout"})).error == "timeout"
+    assert normalise(span(tool, status=STATUS_ERROR)).error == "error"
+    assert normalise(span(tool)).error is None
+
+
+def test_tokens_only_on_model_calls_and_session_ids():
+    usage = {"gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": "5"}
+    llm = normalise(span({"gen_ai.operation.name": "chat", "gen_ai.request.model": "m", **usage}))
+    assert (llm.kind, llm.name, llm.tokens) == ("llm", "m", 15)
+    agent = normalise(span({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a", **usage}))
+    assert agent.tokens is None and agent.name == "a"
+    oi = normalise(span({"openinference.span.kind": "LLM", "llm.token_count.total": 9, "session.id": "s1"}))
+    assert oi.tokens == 9 and oi.session_id == "s1"
+    lf = normalise(span({"langfuse.observation.type": "span", "langfuse.session.id": "s2"}))
+    assert lf.session_id == "s2" and lf.convention == "langfuse"
+
+
+def test_dispatch_picks_the_specific_convention_over_genai():
+    # MCP tool spans also carry gen_ai.* attributes; OpenInference spans may carry gen_ai.* too.
+    mcp = {"mcp.method.name": "tools/call", "gen_ai.tool.name": "pay", "gen_ai.operation.name": "execute_tool"}
+    assert normalise(span(mcp)).convention == "mcp"
+    oi = {"openinference.span.kind": "TOOL", "tool.name": "pay", "gen_ai.operation.name": "execute_tool"}
+    assert normalise(span(oi)).convention == "openinference"
+    pyd = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "pay"}
+    assert normalise(span(pyd, scope="pydantic-ai")).convention == "pydantic_ai"
+    assert normalise(span({"tool_arguments": "{}"}, name="running tool")).kind == "tool"
+
+
+def test_mcp_flattened_arguments_and_other_methods():
+    n = normalise(
+        span({"mcp.method.name": "tools/call", "mcp.tool.name": "pay", "mcp.request.argument.amount": "12.5"})
+    )
+    assert (n.kind, n.name, n.args_source) == ("tool", "pay", "mcp.request.argument.*")
+    assert n.args == {"amount": "12.5"}
+    assert normalise(span({"mcp.method.name": "tools/list"}, name="tools/list")).kind == "other"
+
+
+def test_openinference_tool_parameters_schema_is_not_arguments():
+    schema = json.dumps({"type": "object", "properties": {"q": {"type": "string"}}})
+    n = normalise(span({"openinference.span.kind": "TOOL", "tool.name": "search", "tool.parameters": schema}))
+    assert n.args_status == "absent"
+    values = normalise(span({"openinference.span.kind": "TOOL", "tool.parameters": json.dumps({"q": "x"})}))
+    assert values.args == {"q": "x"} and values.args_source == "tool.parameters"
+
+
+def test_mlflow_values_are_json_encoded():
+    n = normalise(
+        span(
+            {
+                "mlflow.spanType": json.dumps("TOOL"),
+                "mlflow.spanInputs": json.dumps({"q": "x"}),
+                "mlflow.spanOutputs": json.dumps(json.dumps({"hits": 3})),
+            },
+            name="search",
+        )
+    )
+    assert (n.kind, n.name, n.args, n.result) == ("tool", "search", {"q": "x"}, {"hits": 3})
+
+
+def test_every_convention_has_a_capture_hint():
+    conventions = {"otel_genai", "mcp", "openinference", "traceloop", "vercel_ai", "pydantic_ai", "langsmith"}
+    conventions |= {"strands", "google_adk", "mlflow", "langfuse", "unknown"}
+    assert set(CAPTURE_HINTS) == conventions and all(CAPTURE_HINTS.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Arbitrary spans never make normalise or build_trajectory raise.
+
+KNOWN_KEYS = sorted(
+    {key for key, _ in MARKERS}
+    | {
+        "gen_ai.tool.call.arguments",
+        "gen_ai.tool.call.result",
+        "gen_ai.tool.call.id",
+        "gen_ai.agent.name",
+        "gen_ai.conversation.id",
+        "gen_ai.input.messages",
+        "gen_ai.output.messages",
+        "gen_ai.usage.input_tokens",
+        "gen_ai.usage.output_tokens",
+        "llm.output_messages.0.message.tool_calls.0.tool_call.function.name",
+        "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments",
+        "llm.output_messages.0.message.tool_calls.0.tool_call.id",
+        "llm.input_messages.0.message.role",
+        "llm.input_messages.0.message.tool_call_id",
+        "llm.input_messages.0.message.content",
+        "input.value",
+        "output.value",
+        "tool.name",
+        "tool.parameters",
+        "traceloop.entity.input",
+        "traceloop.entity.output",
+        "gen_ai.completion.0.tool_calls.0.name",
+        "gen_ai.completion.0.tool_calls.0.arguments",
+        "gen_ai.prompt.0.role",
+        "gen_ai.prompt.0.tool_call_id",
+        "ai.toolCall.args",
+        "ai.toolCall.result",
+        "ai.response.toolCalls",
+        "ai.prompt.messages",
+        "tool_response",
+        "events",
+        "agent_name",
+        "gcp.vertex.agent.tool_response",
+        "gcp.vertex.agent.llm_response",
+        "mlflow.spanInputs",
+        "mlflow.spanOutputs",
+        "mlflow.chat.tokenUsage",
+        "langfuse.observation.input",
+        "langfuse.observation.output",
+        "langfuse.observation.level",
+        "langfuse.observation.usage_details",
+        "gen_ai.prompt",
+        "gen_ai.completion",
+        "mcp.request.argument.x",
+        "tool.status",
+        "error.type",
+        "session.id",
+    }
+)
+KINDS = ["execute_tool", "invoke_agent", "chat", "TOOL", "LLM", "AGENT", "tool", "llm", "generation", '"TOOL"']
+
+scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30) | st.binary(max_size=20)
+values = st.recursive(
+    scalars,
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=10), children, max_size=3),
+    max_leaves=12,
+)
+structured = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20) | st.sampled_from(KINDS),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "type",
+                    "name",
+                    "id",
+                    "arguments",
+                    "args",
+                    "function",
+                    "tool_calls",
+                    "parts",
+                    "role",
+                    "content",
+                    "toolUse",
+                    "functionCall",
+                    "tool_call_id",
+                    "message",
+                    "input",
+                    "toolName",
+                ]
+            )
+            | st.text(max_size=5),
+            children,
+            max_size=4,
+        )
+    ),
+    max_leaves=15,
+)
+attribute_values = (
+    values
+    | st.sampled_from(KINDS)
+    | structured.map(json.dumps)
+    | structured.map(lambda v: json.dumps(json.dumps(v)))
+    | structured.map(repr)
+    | st.sampled_from(["<REDACTED>", "***", "{'a': ", "[1,", "{" * 50])
+)
+attributes = st.dictionaries(st.sampled_from(KNOWN_KEYS) | st.text(max_size=15), attribute_values, max_size=8)
+event_names = st.sampled_from(
+    [
+        "exception",
+        "gen_ai.choice",
+        "gen_ai.tool.message",
+        "gen_ai.client.inference.operation.details",
+        "gen_ai.user.message",
+    ]
+) | st.text(max_size=10)
+events = st.lists(st.builds(SpanEvent, event_names, st.integers(0, 10), attributes), max_size=3)
+ids = st.sampled_from(["a", "b", "c", "d", "e"])
+records = st.builds(
+    SpanRecord,
+    st.sampled_from(["t1", "t2"]),
+    ids,
+    st.none() | ids,
+    st.sampled_from(["running tool", "agent run", "call_llm", "execute_tool x", "ai.toolCall"]) | st.text(max_size=12),
+    kind=st.integers(0, 5),
+    start_ns=st.integers(0, 10**6),
+    end_ns=st.integers(0, 10**6),
+    status_code=st.integers(0, 2),
+    status_message=st.text(max_size=10),
+    attributes=attributes,
+    events=events,
+    resource=st.dictionaries(st.text(max_size=8), values, max_size=3),
+    scope_name=st.sampled_from([*BY_SCOPE, ""]) | st.text(max_size=8),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(records, max_size=6))
+def test_arbitrary_spans_never_raise(spans):
+    normalised = [normalise(s) for s in spans]
+    for n in normalised:
+        assert n.kind in ("tool", "llm", "agent", "other")
+        assert n.args_status in ("captured", "absent", "redacted", "undecodable")
+        assert n.args_status == "captured" or n.args is None
+        assert isinstance(n.name, str)
+        assert all(isinstance(p, str) and ": " in p for p in n.problems)
+    t = build_trajectory("k", normalised)
+    assert [s.index for s in t.steps] == list(range(len(t.steps)))
+
+
+def test_span_name_readers_are_registered():
+    assert set(BY_SPAN_NAME) == {"running tool", "agent run"}
