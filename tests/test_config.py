@@ -71,7 +71,9 @@ def test_durations_and_env_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_unset_env_variable_is_an_error_with_its_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PLUMB_TOKEN", raising=False)
     path = tmp_path / "c.yaml"
-    path.write_text("exporters:\n  otlp:\n    endpoint: grpc://127.0.0.1:4317\n    headers:\n      x: '${env:PLUMB_TOKEN}'\n")
+    path.write_text(
+        "exporters:\n  otlp:\n    endpoint: grpc://127.0.0.1:4317\n    headers:\n      x: '${env:PLUMB_TOKEN}'\n"
+    )
     with pytest.raises(ConfigError, match=rf"^{path}:5: environment variable PLUMB_TOKEN is not set"):
         load_config(path)
 
