@@ -95,7 +95,8 @@ def iter_trajectories(
     assembler = Assembler(replay_limits(group_by, window_spans))
     add, due = assembler.add, assembler.due
     clock = 0
-    next_due = _DUE_EVERY
+    due_every = max(1, min(_DUE_EVERY, window_spans // 4))
+    next_due = due_every
     # The pipeline makes no reference cycles, and cyclic collection passes over the
     # growing set of buffered spans cost a fifth of replay time: paused while reading.
     gc_was_enabled = gc.isenabled()
@@ -128,7 +129,7 @@ def iter_trajectories(
                         yield done.trajectory()
                 file_stats.spans = clock - stats.spans
                 if clock >= next_due:
-                    next_due = clock + _DUE_EVERY
+                    next_due = clock + due_every
                     for done in due(float(clock)):
                         yield done.trajectory()
             stats.spans = clock

@@ -1,8 +1,8 @@
 """``otel-plumb replay`` and ``otel-plumb coverage``: trace files offline.
 
 ``replay`` reads the files (otel_plumb.replay), turns the trajectories into the report body
-with ``evaluate`` (without policies: every trajectory, no verdicts; a policy step is a
-function of the same shape, trajectories -> report dict), adds coverage, errors and inputs,
+with an ``Evaluate`` function (trajectories -> body dict; without policies
+``report_body([], ...)``: every trajectory unchecked), adds coverage, errors and inputs,
 writes the JSON and prints a short summary.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import click
@@ -19,10 +20,10 @@ from otel_plumb.cli.main import RunError
 from otel_plumb.model import Step, Trajectory
 from otel_plumb.replay import GroupBy, ReplayResult, ReplayStats, iter_trajectories
 from otel_plumb.replay import replay as run_replay
+from otel_plumb.report import json_report
 from otel_plumb.report.coverage import CoverageCounter, coverage_report
-from otel_plumb.report.records import trajectory_record
 
-REPORT_VERSION = "1"
+REPORT_VERSION = json_report.REPORT_VERSION
 # Terminal summary limits: the JSON report has everything.
 SHOWN_TRAJECTORIES = 20
 SHOWN_ERRORS = 10
@@ -31,21 +32,23 @@ PATH_WIDTH = 110
 Evaluate = Callable[[Sequence[Trajectory]], dict[str, Any]]
 
 
-def unchecked_report(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
-    """The report body without policies: every trajectory, no verdicts."""
-    return {"trajectories": [trajectory_record(t) for t in trajectories]}
+# The report body without policies: every trajectory, unchecked.
+unchecked_report: Evaluate = partial(json_report.report_body, [])
 
 
 def build_report(result: ReplayResult, evaluate: Evaluate = unchecked_report) -> dict[str, Any]:
-    body = evaluate(result.trajectories)
-    return {
-        "report_version": REPORT_VERSION,
-        **body,
-        "coverage": coverage_report(result.trajectories, result.stats),
-        "errors": [e.record() for e in result.errors],
-        "errors_total": result.stats.errors_total,
-        "inputs": [{"file": f.path, "spans": f.spans, "errors": f.errors} for f in result.stats.files],
-    }
+    report = json_report.build_report(
+        evaluate(result.trajectories),
+        coverage_report(result.trajectories, result.stats),
+        [e.record() for e in result.errors],
+    )
+    report["errors_total"] = result.stats.errors_total
+    report["inputs"] = inputs_record(result.stats)
+    return report
+
+
+def inputs_record(stats: ReplayStats) -> list[dict[str, Any]]:
+    return [{"file": f.path, "spans": f.spans, "errors": f.errors} for f in stats.files]
 
 
 def check_inputs(files: Sequence[str]) -> None:
@@ -133,7 +136,7 @@ def coverage(files: tuple[str, ...], json_out: str | None, group_by: GroupBy) ->
                 "coverage": cov,
                 "errors": [e.record() for e in stats.errors],
                 "errors_total": stats.errors_total,
-                "inputs": [{"file": f.path, "spans": f.spans, "errors": f.errors} for f in stats.files],
+                "inputs": inputs_record(stats),
             },
         )
     if json_out != "-":
