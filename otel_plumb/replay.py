@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from otel_plumb.assemble import AddOutcome, Assembler, AssemblyLimits
+from otel_plumb.assemble import AddOutcome, Assembler, AssemblyLimits, Finished
 from otel_plumb.model import SpanRecord, Trajectory
 from otel_plumb.normalise import normalise
 from otel_plumb.receive.files import ReadError, read_batches
@@ -46,6 +46,8 @@ class ReplayStats:
     late_spans: int = 0
     # Spans past the per-trace limit, left out (the trajectory is then incomplete).
     over_limit_spans: int = 0
+    # Spans read a second time (same trace and span id), counted once.
+    duplicate_spans: int = 0
     errors: list[ReadError] = field(default_factory=list)
     errors_total: int = 0
 
@@ -94,9 +96,19 @@ def iter_trajectories(
     """Trajectories as they are assembled (streaming); ``stats`` is filled in along the way."""
     assembler = Assembler(replay_limits(group_by, window_spans))
     add, due = assembler.add, assembler.due
+    # Span ids of the traces being assembled: a span exported twice (a retried export, the
+    # same file given twice) must not become two steps.
+    seen: dict[str, set[str]] = {}
     clock = 0
     due_every = max(1, min(_DUE_EVERY, window_spans // 4))
     next_due = due_every
+
+    def emit(finished: list[Finished]) -> Iterator[Trajectory]:
+        for done in finished:
+            for tid in done.trace_ids:
+                seen.pop(tid, None)
+            yield done.trajectory()
+
     # The pipeline makes no reference cycles, and cyclic collection passes over the
     # growing set of buffered spans cost a fifth of replay time: paused while reading.
     gc_was_enabled = gc.isenabled()
@@ -111,6 +123,14 @@ def iter_trajectories(
                         file_stats.errors += 1
                         stats.add_error(item)
                         continue
+                    clock += 1
+                    ids = seen.get(item.trace_id)
+                    if ids is None:
+                        ids = seen[item.trace_id] = set()
+                    elif item.span_id in ids:
+                        stats.duplicate_spans += 1
+                        continue
+                    ids.add(item.span_id)
                     try:
                         span = normalise(item)
                     except Exception as exc:  # one odd span must not stop a replay
@@ -118,23 +138,21 @@ def iter_trajectories(
                         message = f"span {item.span_id} ({item.name!r}): not normalised: {exc}"
                         stats.add_error(ReadError(file_stats.path, message))
                         continue
-                    clock += 1
                     outcome, finished = add(span, None, float(clock))
                     if outcome is not AddOutcome.ACCEPTED:
                         if outcome is AddOutcome.LATE:
+                            seen.pop(item.trace_id, None)
                             stats.late_spans += 1
                         else:
                             stats.over_limit_spans += 1
-                    for done in finished:
-                        yield done.trajectory()
+                    if finished:
+                        yield from emit(finished)
                 file_stats.spans = clock - stats.spans
                 if clock >= next_due:
                     next_due = clock + due_every
-                    for done in due(float(clock)):
-                        yield done.trajectory()
+                    yield from emit(due(float(clock)))
             stats.spans = clock
-        for done in assembler.drain(float(clock)):
-            yield done.trajectory()
+        yield from emit(assembler.drain(float(clock)))
     finally:
         if gc_was_enabled:
             gc.enable()

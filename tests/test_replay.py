@@ -128,3 +128,12 @@ def test_coverage_command(tmp_path: Path) -> None:
     assert data["coverage"]["tool_calls"]["arguments"]["absent"] == 4
     assert data["errors"] == [] and data["report_version"] == "1"
     assert invoke("coverage", str(tmp_path / "nope")).exit_code == 2
+
+
+def test_spans_read_twice_become_one_step(tmp_path: Path) -> None:
+    sdk = agent_traces(2)
+    path = write_records(tmp_path / "t.pb", by_trace(sdk))
+    once, twice = replay([path]), replay([path, path])
+    assert twice.stats.duplicate_spans == 8 and once.stats.duplicate_spans == 0
+    assert [tool_path(t) for t in twice.trajectories] == [tool_path(t) for t in once.trajectories]
+    assert [len(t.steps) for t in twice.trajectories] == [4, 4]

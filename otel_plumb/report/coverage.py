@@ -116,6 +116,7 @@ class CoverageCounter:
             "spans_left_out": {
                 "late": stats.late_spans if stats else 0,
                 "over_limit": stats.over_limit_spans if stats else 0,
+                "duplicate": stats.duplicate_spans if stats else 0,
             },
             "read_errors": stats.errors_total if stats else 0,
         }
@@ -189,6 +190,11 @@ class CoverageCounter:
         if stats is not None and stats.late_spans:
             notes.append(
                 f"{stats.late_spans} spans arrived long after the rest of their trace and were left out of it."
+            )
+        if stats is not None and stats.duplicate_spans:
+            notes.append(
+                f"{stats.duplicate_spans} spans were read more than once (same trace and span id, e.g. a retried "
+                "export) and were counted once."
             )
         if stats is not None and stats.over_limit_spans:
             notes.append(f"{stats.over_limit_spans} spans were past the per-trace span limit and were left out.")
