@@ -1,0 +1,30 @@
+"""``otel-plumb demo``: live verdicts for the bundled agent, a report, exit 0."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from otel_plumb.cli.main import cli
+
+
+def test_demo_prints_live_verdicts_and_writes_a_report(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["demo", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "metrics   http://127.0.0.1:" in out
+    assert "EARLY INV-1003  pay-once (critical)" in out
+    for case in ("INV-1002", "INV-1003", "INV-1004"):
+        assert f"FAIL  {case}  violating" in out
+    for case in ("INV-1001", "INV-1005", "INV-1006"):
+        assert f"PASS  {case}  conformant" in out
+    assert "3 root spans marked plumb.verdict=violating" in out
+    assert 'plumb_violations_total{invariant="pay-once",policy="ap-controls",severity="critical"} 1.0' in out
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["report_version"] == "1"
+    assert sorted(t["status"] for t in report["trajectories"]) == ["conformant"] * 3 + ["violating"] * 3
+    assert report["by_invariant"]["pay-once"]["fail"] == 1
+    log = (tmp_path / "out" / "verdicts.jsonl").read_text().splitlines()
+    assert len(log) == 6
