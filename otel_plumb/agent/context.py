@@ -1,0 +1,55 @@
+"""Trace context in, spans out: the agent side of a campaign's trace collection."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+PLUMB_PREFIX = "plumb."
+_PROPAGATOR = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
+
+
+def trial_context(source: Mapping[str, Any] | None = None) -> otel_context.Context:
+    """The OpenTelemetry context of the trial: parent span and ``plumb.*`` baggage.
+
+    ``source`` is HTTP headers, or the request dict of a Python callable (keys ``traceparent``
+    and ``baggage``); without it the ``TRACEPARENT`` and ``BAGGAGE`` environment variables of a
+    command agent are read.
+    """
+    carrier: dict[str, str] = {}
+    if source is None:
+        for key in ("TRACEPARENT", "BAGGAGE"):
+            if os.environ.get(key):
+                carrier[key.lower()] = os.environ[key]
+    else:
+        for key, value in source.items():
+            if isinstance(key, str) and key.lower() in ("traceparent", "tracestate", "baggage") and value:
+                carrier[key.lower()] = str(value)
+    return _PROPAGATOR.extract(carrier)
+
+
+def setup_tracing(service_name: str, endpoint: str | None = None, *, exporter: SpanExporter | None = None,
+                  batch: bool = True) -> TracerProvider:
+    """A tracer provider exporting OTLP/HTTP to ``endpoint`` (default: the
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` environment variable), copying ``plumb.*`` baggage entries
+    onto every span. Call ``force_flush()`` before answering so the trace is complete."""
+    from opentelemetry.processor.baggage import BaggageSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    provider.add_span_processor(BaggageSpanProcessor(lambda key: key.startswith(PLUMB_PREFIX)))
+    if exporter is None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        base = endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+        exporter = OTLPSpanExporter(endpoint=base.rstrip("/") + "/v1/traces")
+    provider.add_span_processor(BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter))
+    return provider

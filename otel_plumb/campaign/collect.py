@@ -1,0 +1,255 @@
+"""Trace collection: each trial's trajectory, matched by trace id or ``plumb.trial.id``.
+
+Sources: ``embedded`` (the live processor in this process, on free 127.0.0.1 ports; its
+OTLP/HTTP address is handed to the agent as ``otlp_endpoint``), ``watch``
+(the VerdictService.Watch stream of a running otel-plumb), or ``files`` recorded earlier. A
+trial whose trajectory does not arrive within the deadline is an error, never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from otel_plumb.assemble import Assembler, AssemblyLimits, build_trajectory
+from otel_plumb.model import Step, Trajectory
+from otel_plumb.model.trajectory import ARM, CASE_ID, TRIAL_ID, VARIANT_ID
+from otel_plumb.normalise import normalise
+
+
+class TraceMissing(Exception):
+    pass
+
+
+class Matcher:
+    """Hands decided trajectories to the trials waiting for them, by trace id or trial id.
+
+    A trajectory that arrives before its trial asks is kept until asked for.
+    """
+
+    def __init__(self) -> None:
+        self._by_trace: dict[str, Trajectory] = {}
+        self._by_trial: dict[str, Trajectory] = {}
+        self._waiting: dict[str, asyncio.Future[Trajectory]] = {}
+
+    def offer(self, trajectory: Trajectory) -> None:
+        keys = list(trajectory.trace_ids)
+        trial = trajectory.trial_id
+        for key in ([trial] if trial else []) + keys:
+            fut = self._waiting.pop(key, None)
+            if fut is not None and not fut.done():
+                fut.set_result(trajectory)
+                return
+        for key in keys:
+            self._by_trace[key] = trajectory
+        if trial:
+            self._by_trial[trial] = trajectory
+
+    def take(self, trace_id: str, trial_id: str) -> Trajectory | None:
+        found = self._by_trace.pop(trace_id, None) or self._by_trial.pop(trial_id, None)
+        if found is not None:
+            for key in found.trace_ids:
+                self._by_trace.pop(key, None)
+            if found.trial_id:
+                self._by_trial.pop(found.trial_id, None)
+        return found
+
+    async def wait(self, trace_id: str, trial_id: str, deadline_s: float) -> Trajectory:
+        found = self.take(trace_id, trial_id)
+        if found is not None:
+            return found
+        fut: asyncio.Future[Trajectory] = asyncio.get_running_loop().create_future()
+        self._waiting[trace_id] = fut
+        self._waiting[trial_id] = fut
+        try:
+            return await asyncio.wait_for(fut, deadline_s)
+        except TimeoutError:
+            raise TraceMissing(f"no trajectory for trace {trace_id} within {deadline_s:g}s") from None
+        finally:
+            self._waiting.pop(trace_id, None)
+            self._waiting.pop(trial_id, None)
+
+
+class TraceSource:
+    """Base: where trajectories come from. ``otlp_endpoint`` is given to agents (or None)."""
+
+    otlp_endpoint: str | None = None
+
+    def __init__(self) -> None:
+        self.matcher = Matcher()
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def trajectory(self, trace_id: str, trial_id: str, deadline_s: float) -> Trajectory:
+        return await self.matcher.wait(trace_id, trial_id, deadline_s)
+
+
+class EmbeddedReceiver(TraceSource):
+    """The live processor embedded in the campaign: OTLP/gRPC and OTLP/HTTP on free loopback
+    ports, the shared normalise and assemble stages, a callback per decided trajectory.
+
+    Agents are given the OTLP/HTTP address. A trace is decided once its root span has been
+    quiet for ``idle_s`` (exporters send the root, which ends last, in the last batch).
+    """
+
+    def __init__(self, idle_s: float = 0.05, tick_s: float = 0.01) -> None:
+        super().__init__()
+        from otel_plumb.processor import Processor
+        from otel_plumb.processor.config import load_config
+
+        config = load_config(None, {
+            "receivers.grpc.endpoint": "127.0.0.1:0",
+            "receivers.http.endpoint": "127.0.0.1:0",
+            "metrics.endpoint": "",
+            "assembly.idle_timeout": idle_s,
+            "assembly.tick": tick_s,
+            "shutdown.grace_period": 1.0,
+        })
+        # The campaign checks trajectories itself, after adding the case's ground truth.
+        self.processor = Processor(config, policies=[])
+        self.processor.on_decided(lambda _record, trajectory, _verdicts: self.matcher.offer(trajectory))
+        self.grpc_endpoint: str | None = None
+
+    async def start(self) -> None:
+        await self.processor.start()
+        self.otlp_endpoint = f"http://127.0.0.1:{self.processor.http_port}"
+        self.grpc_endpoint = f"http://127.0.0.1:{self.processor.grpc_port}"
+
+    async def trajectory(self, trace_id: str, trial_id: str, deadline_s: float) -> Trajectory:
+        try:
+            return await self.matcher.wait(trace_id, trial_id, deadline_s)
+        except TraceMissing:
+            spans = self.processor.assembler.buffered_spans(trace_id)
+            if not spans:
+                raise
+            # Spans came but the trace never completed: an incomplete (indeterminate) trajectory.
+            return build_trajectory(trace_id, list(spans), complete=False, incomplete_reason="max_wait")
+
+    async def stop(self) -> None:
+        await self.processor.stop(grace=1.0)
+
+
+class FileSource(TraceSource):
+    """Trajectories from trace files recorded earlier (replay's reader, the shared core)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        super().__init__()
+        self.paths = paths
+        self.read_errors: list[str] = []
+
+    async def start(self) -> None:
+        from otel_plumb.receive.files import ReadError, read_files
+
+        assembler = Assembler(AssemblyLimits(max_traces=1 << 30))
+        for item in read_files(self.paths):
+            if isinstance(item, ReadError):
+                self.read_errors.append(str(item))
+                continue
+            assembler.add(normalise(item), None, 0.0)
+        for done in assembler.drain(0.0):
+            self.matcher.offer(done.trajectory())
+
+    async def trajectory(self, trace_id: str, trial_id: str, deadline_s: float) -> Trajectory:
+        found = self.matcher.take(trace_id, trial_id)
+        if found is None:
+            raise TraceMissing(f"no trajectory for trial {trial_id} (trace {trace_id}) in the trace files")
+        return found
+
+
+class WatchSource(TraceSource):
+    """Decided trajectories from a running otel-plumb's VerdictService.Watch stream. The agent
+    exports to that processor itself; the campaign re-checks each trajectory with its own policies."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__()
+        self.target = target.removeprefix("grpc://")
+        self._channel: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self.error: str | None = None
+
+    async def start(self) -> None:
+        import grpc
+        from google.protobuf import json_format
+
+        from otel_plumb.proto_gen import watch_pb2, watch_pb2_grpc
+
+        self._channel = grpc.aio.insecure_channel(self.target)
+        stub: Any = watch_pb2_grpc.VerdictServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        call = stub.Watch(watch_pb2.WatchRequest())
+        # The server sends initial metadata once the subscription is in place.
+        await asyncio.wait_for(call.initial_metadata(), 10)
+
+        async def follow() -> None:
+            try:
+                async for message in call:
+                    record = json_format.MessageToDict(message, preserving_proto_field_name=True)
+                    self.matcher.offer(trajectory_from_record(record))
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.CANCELLED:
+                    self.error = f"watch {self.target}: {e.code().name} {e.details()}"
+
+        self._task = asyncio.create_task(follow())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._channel is not None:
+            await self._channel.close()
+
+
+def trajectory_from_record(record: dict[str, Any]) -> Trajectory:
+    """A stored or streamed trajectory record back into a Trajectory, for re-checking."""
+    steps = [
+        Step(
+            index=int(s.get("index", i)),
+            kind=s.get("kind", "other"),
+            name=s.get("name", ""),
+            span_id=s.get("span_id", ""),
+            parent_span_id=s.get("parent_span_id") or None,
+            trace_id=s.get("trace_id", record.get("trace_id", "")),
+            start_ns=int(s.get("start_time_unix_nano") or 0),
+            end_ns=int(s.get("end_time_unix_nano") or 0),
+            convention=s.get("convention", "unknown"),
+            source=s.get("source") or "span",
+            args=s.get("args"),
+            args_status=s.get("args_status") or ("captured" if s.get("args") is not None else "absent"),
+            args_source=s.get("args_source"),
+            result=s.get("result"),
+            result_status=s.get("result_status") or ("captured" if s.get("result") is not None else "absent"),
+            error=s.get("error") or None,
+            agent=s.get("agent"),
+            tool_call_id=s.get("tool_call_id"),
+            tokens=s.get("tokens"),
+        )
+        for i, s in enumerate(record.get("steps") or [])
+    ]
+    attributes = dict(record.get("attributes") or {})
+    for key, field in ((CASE_ID, "case_id"), (VARIANT_ID, "variant_id"), (TRIAL_ID, "trial_id"), (ARM, "arm")):
+        if record.get(field):
+            attributes.setdefault(key, record[field])
+    if record.get("service"):
+        attributes.setdefault("service.name", record["service"])
+    trace_ids = list(record.get("trace_ids") or ([record["trace_id"]] if record.get("trace_id") else []))
+    return Trajectory(
+        key=record.get("key") or (trace_ids[0] if trace_ids else ""),
+        trace_ids=trace_ids,
+        steps=steps,
+        complete=bool(record.get("complete", True)),
+        incomplete_reason=record.get("incomplete_reason"),
+        root_span_id=record.get("root_span_id"),
+        service=record.get("service"),
+        agent=record.get("agent"),
+        session_id=record.get("session_id"),
+        start_ns=int(record.get("start_time_unix_nano") or 0),
+        end_ns=int(record.get("end_time_unix_nano") or 0),
+        span_count=int(record.get("span_count") or len(steps)),
+        attributes=attributes,
+        problems=list(record.get("problems") or []),
+    )
