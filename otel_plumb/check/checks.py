@@ -10,7 +10,7 @@ min) is indeterminate rather than failed.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -39,74 +39,77 @@ def tools_text(tools: Tools) -> str:
 
 
 class Run:
-    """One trajectory as seen by one policy: its steps, its ground truth, and the maps CEL
-    expressions read, built lazily once and shared by all invariants of the policy."""
+    """One trajectory as seen by one policy: its steps and its ground truth. The maps CEL
+    expressions read are built lazily, once per trajectory and set of fields."""
 
-    __slots__ = ("_cel_steps", "_cel_trajectory", "complete", "ctx", "trajectory")
+    __slots__ = ("_cel_steps", "complete", "ctx", "trajectory")
 
     def __init__(self, trajectory: Trajectory, ctx: dict[str, Any], complete: bool) -> None:
         self.trajectory = trajectory
         self.ctx = ctx
         self.complete = complete
-        self._cel_steps: list[dict[str, Any]] | None = None
-        self._cel_trajectory: dict[str, Any] | None = None
+        self._cel_steps: dict[frozenset[str], list[dict[str, Any]]] = {}
 
     @property
     def steps(self) -> list[Step]:
         return self.trajectory.steps
 
-    def cel_steps(self, steps: Sequence[Step]) -> list[dict[str, Any]]:
-        if self._cel_steps is None:
-            self._cel_steps = [cel_step(s) for s in self.trajectory.steps]
+    def cel_steps(self, steps: Sequence[Step], fields: frozenset[str]) -> list[dict[str, Any]]:
+        built = self._cel_steps.get(fields)
+        if built is None:
+            built = self._cel_steps[fields] = [cel_step(s, fields) for s in self.trajectory.steps]
         if steps is self.trajectory.steps:
-            return self._cel_steps
+            return built
         by_position = {s.index: i for i, s in enumerate(self.trajectory.steps)}
-        return [self._cel_steps[by_position[s.index]] for s in steps]
+        return [built[by_position[s.index]] for s in steps]
 
-    def cel_trajectory(self) -> dict[str, Any]:
-        if self._cel_trajectory is None:
-            t = self.trajectory
-            self._cel_trajectory = {
-                "key": t.key,
-                "trace_id": t.trace_id,
-                "service": t.service,
-                "agent": t.agent,
-                "complete": self.complete,
-                "duration_ms": max(0, t.end_ns - t.start_ns) / 1e6,
-                "step_count": len(t.steps),
-                "attributes": t.attributes,
-            }
-        return self._cel_trajectory
+    def cel_trajectory(self, fields: frozenset[str]) -> dict[str, Any]:
+        t = self.trajectory
+        return {k: get(t, self) for k, get in TRAJECTORY_FIELDS.items() if k in fields}
 
     def activation(self, expression: Expression, steps: Sequence[Step], **extra: Any) -> dict[str, Any]:
-        """The variables ``expression`` reads, and only those (building ``steps`` costs)."""
+        """The variables ``expression`` reads, and only those: converting values to CEL is the
+        cost of an expression, so step and trajectory maps carry only the fields it names."""
         names = expression.variables
         act: dict[str, Any] = {k: v for k, v in extra.items() if k in names}
         if "ctx" in names:
             act["ctx"] = self.ctx
         if "steps" in names:
-            act["steps"] = self.cel_steps(steps)
+            act["steps"] = self.cel_steps(steps, expression.words)
         if "trajectory" in names:
-            act["trajectory"] = self.cel_trajectory()
+            act["trajectory"] = self.cel_trajectory(expression.words)
         return act
 
 
-def cel_step(s: Step) -> dict[str, Any]:
-    return {
-        "index": s.index,
-        "kind": s.kind,
-        "name": s.name,
-        "span_id": s.span_id,
-        "args": s.args if s.args_status == "captured" else None,
-        "args_status": s.args_status,
-        "result": s.result if s.result_status == "captured" else None,
-        "result_status": s.result_status,
-        "error": s.error,
-        "agent": s.agent,
-        "source": s.source,
-        "duration_ms": s.duration_ms,
-        "tokens": s.tokens,
-    }
+STEP_FIELDS: dict[str, Callable[[Step], Any]] = {
+    "index": lambda s: s.index,
+    "kind": lambda s: s.kind,
+    "name": lambda s: s.name,
+    "span_id": lambda s: s.span_id,
+    "args": lambda s: s.args if s.args_status == "captured" else None,
+    "args_status": lambda s: s.args_status,
+    "result": lambda s: s.result if s.result_status == "captured" else None,
+    "result_status": lambda s: s.result_status,
+    "error": lambda s: s.error,
+    "agent": lambda s: s.agent,
+    "source": lambda s: s.source,
+    "duration_ms": lambda s: s.duration_ms,
+    "tokens": lambda s: s.tokens,
+}
+TRAJECTORY_FIELDS: dict[str, Callable[[Trajectory, Run], Any]] = {
+    "key": lambda t, r: t.key,
+    "trace_id": lambda t, r: t.trace_id,
+    "service": lambda t, r: t.service,
+    "agent": lambda t, r: t.agent,
+    "complete": lambda t, r: r.complete,
+    "duration_ms": lambda t, r: max(0, t.end_ns - t.start_ns) / 1e6,
+    "step_count": lambda t, r: len(t.steps),
+    "attributes": lambda t, r: t.attributes,
+}
+
+
+def cel_step(s: Step, fields: Collection[str] = STEP_FIELDS.keys()) -> dict[str, Any]:
+    return {k: get(s) for k, get in STEP_FIELDS.items() if k in fields}
 
 
 def step_summary(s: Step) -> dict[str, Any]:
@@ -331,7 +334,7 @@ class ArgSatisfies(ArgumentCheck):
             return Outcome("indeterminate", step, f"result of step {step.index} is {step.result_status}, not captured")
         act = run.activation(
             self.expression, run.steps, args=step.args, result=step.result,
-            step=cel_step(step) if "step" in names else None,
+            step=cel_step(step, self.expression.words) if "step" in names else None,
         )  # fmt: skip
         try:
             ok = self.expression.test(act)

@@ -26,6 +26,9 @@ _FUNCTIONS = frozenset(
 _MACRO_VARIABLE = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,")
 
 
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 class ExpressionError(ValueError):
     """An expression that does not compile, or names something that does not exist."""
 
@@ -33,7 +36,7 @@ class ExpressionError(ValueError):
 class Expression:
     """One compiled expression and the variables it reads, so callers build only those."""
 
-    __slots__ = ("program", "source", "variables")
+    __slots__ = ("program", "source", "variables", "words")
 
     def __init__(self, source: str, allowed: Collection[str]) -> None:
         try:
@@ -56,6 +59,8 @@ class Expression:
         if bad:
             raise ExpressionError(f"CEL expression {source!r} calls unknown function {bad[0]!r}")
         self.variables = frozenset(names & set(allowed))
+        # Every identifier in the source: step and trajectory maps are built with only these fields.
+        self.words = frozenset(_WORD.findall(source))
 
     def run(self, activation: Mapping[str, Any]) -> Any:
         """Evaluate; raises ``EvaluationError`` with the library's message on any failure."""
