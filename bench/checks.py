@@ -92,8 +92,13 @@ def spans_for(rng: random.Random, n: int) -> list[SpanRecord]:
         args = {"invoice_id": f"INV-{n}", "amount_gbp": amount if rng.random() > 0.05 else amount * 10}
         result = {"total": f"{amount:.2f}", "ok": True}
         failed = rng.random() < 0.05
-        attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool, "gen_ai.tool.call.id": f"c{i}",
-                 "gen_ai.tool.call.arguments": json.dumps(args), "gen_ai.tool.call.result": json.dumps(result)}  # fmt: skip
+        attrs = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": tool,
+            "gen_ai.tool.call.id": f"c{i}",
+            "gen_ai.tool.call.arguments": json.dumps(args),
+            "gen_ai.tool.call.result": json.dumps(result),
+        }
         out.append(SpanRecord(trace, sid, root.span_id, f"execute_tool {tool}", start_ns=start, end_ns=end,
                               status_code=STATUS_ERROR if failed else 0, status_message="503" if failed else "",
                               attributes=attrs))  # fmt: skip
