@@ -97,12 +97,13 @@ def test_line_that_is_json_but_not_a_trace_request_is_reported(tmp_path: Path) -
     assert [e.line for e in errors] == [2, 4]  # other signals (line 3) are skipped quietly
 
 
-def test_bad_span_id_in_json_line(tmp_path: Path) -> None:
-    doc = otlp_json(agent_traces(1)[:1])
+def test_bad_span_is_reported_with_its_line_and_the_rest_of_the_line_kept(tmp_path: Path) -> None:
+    doc = otlp_json(agent_traces(1)[:2])
     doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["spanId"] = "zz"
     path = write_json_lines(tmp_path / "t.jsonl", [agent_traces(1)], extra_lines=[json.dumps(doc)])
     spans, errors = split(list(read_spans(path)))
-    assert len(spans) == 4 and len(errors) == 1 and errors[0].line == 2 and "not hex" in errors[0].message
+    assert len(spans) == 4 + 1 and len(errors) == 1
+    assert errors[0].line == 2 and "spanId is not 16 hex digits: 'zz'" in errors[0].message
 
 
 def test_length_prefixed_protobuf_with_a_corrupt_record(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.receive.jaeger import is_jaeger_trace, trace_records
 from otel_plumb.receive.otlp import resource_spans_records
-from otel_plumb.receive.otlp_json import parse_request
+from otel_plumb.receive.otlp_json_spans import request_spans
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -224,11 +224,10 @@ def _json_records(name: str, obj: Any, *, line: int | None = None, offset: int |
 
 def _otlp_json_records(name: str, obj: dict[str, Any], line: int | None, offset: int | None) -> Iterator[Item]:
     try:
-        request = parse_request(obj)
-    except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+        for item in request_spans(obj):
+            yield ReadError(name, f"invalid OTLP/JSON: {_short(item)}", line, offset) if isinstance(item, str) else item
+    except (ValueError, RecursionError) as exc:
         yield ReadError(name, f"invalid OTLP/JSON: {_short(exc)}", line, offset)
-        return
-    yield from _request_records(name, request, line, offset)
 
 
 def _jaeger_records(name: str, trace: Any, line: int | None, offset: int | None) -> Iterator[Item]:
@@ -371,6 +370,6 @@ def _request_records(
     return out
 
 
-def _short(exc: BaseException, limit: int = 300) -> str:
+def _short(exc: BaseException | str, limit: int = 300) -> str:
     text = str(exc) or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
