@@ -35,6 +35,7 @@ def test_a_span_matching_no_convention_is_kept_as_other():
     n = normalise(span({"http.method": "GET"}, name="GET /health"))
     assert (n.kind, n.convention, n.name) == ("other", "unknown", "GET /health")
     assert n.attributes == {"http.method": "GET"}
+    assert n.args_status == "absent" and n.problems == []
 
 
 def test_short_scalar_attributes_are_kept_long_payloads_are_not():
@@ -48,6 +49,11 @@ def test_short_scalar_attributes_are_kept_long_payloads_are_not():
         "flag": True,
         "list": [1, 2],
         "service.name": "span-level wins",
+        # Convention namespaces are read into fields, not kept; user metadata they carry is.
+        "gen_ai.tool.name": "pay",
+        "gen_ai.operation.name": "execute_tool",
+        "traceloop.association.properties.customer_id": "cust-9",
+        "session.id": "s1",
     }
     n = normalise(span(attributes, resource=resource))
     assert n.attributes == {
@@ -57,7 +63,10 @@ def test_short_scalar_attributes_are_kept_long_payloads_are_not():
         "plumb.context.expected_amount": 120.5,
         "invoice.id": "INV-1",
         "flag": True,
+        "traceloop.association.properties.customer_id": "cust-9",
+        "session.id": "s1",
     }
+    assert (n.kind, n.name, n.session_id) == ("tool", "pay", "s1")
 
 
 def test_errors_from_status_exception_events_and_error_type():

@@ -15,22 +15,42 @@ Reader = Callable[[SpanRecord, NormalisedSpan], None]
 
 MAX_ATTRIBUTE_CHARS = 256
 
-# Flattened message/prompt/tool-schema keys: many and long-lived, already read into fields.
-_FLATTENED_PREFIXES = (
-    "llm.input_messages.",
-    "llm.output_messages.",
-    "llm.tools.",
-    "llm.prompts.",
-    "llm.request.functions.",
-    "gen_ai.prompt.",
-    "gen_ai.completion.",
-    "ai.prompt",
-    "ai.response.",
-    "mlflow.span",
-    "langfuse.observation.input",
-    "langfuse.observation.output",
-    "logfire.json_schema",
+# Span attributes left out of NormalisedSpan.attributes: the conventions' own namespaces, which
+# the readers turn into fields (tool name, args, tokens, ...), and flattened message payloads.
+# What stays is what a trajectory-level check needs: task keys, plumb.*, session/user ids, and
+# user metadata the conventions carry for the application (kept by _USER_PREFIXES).
+_CONVENTION_PREFIXES = (
+    "gen_ai.",
+    "llm.",
+    "ai.",
+    "openinference.",
+    "traceloop.",
+    "mlflow.",
+    "langfuse.observation.",
+    "langsmith.span.",
+    "langsmith.trace.",
+    "tool.",
+    "tool_call.",
+    "input.",
+    "output.",
+    "logfire.",
+    "mcp.",
+    "gcp.vertex.agent.",
+    "pydantic_ai.",
+    "event_loop.",
+    "jsonrpc.",
+    "operation.name",
+    "tool_arguments",
+    "tool_response",
+    "agent_name",
+    "model_name",
+    "model_request_parameters",
+    "final_result",
+    "all_messages_events",
+    "events",
+    "metadata",
 )
+_USER_PREFIXES = ("traceloop.association.properties.", "ai.telemetry.metadata.", "langsmith.metadata.")
 
 # Attributes that carry the conversation/session key, in order of preference.
 SESSION_KEYS = (
@@ -92,7 +112,7 @@ def finish(span: SpanRecord, out: NormalisedSpan) -> None:
 def error_of(span: SpanRecord) -> str | None:
     """Span status ERROR, an ``error.type`` attribute or an ``exception`` event mean the call failed."""
     a = span.attributes
-    exc = next((e for e in span.events if e.name == "exception"), None)
+    exc = next((e for e in span.events if e.name == "exception"), None) if span.events else None
     error_type = a.get("error.type")
     if span.status_code != STATUS_ERROR and exc is None and not error_type:
         return None
@@ -149,23 +169,42 @@ def short_attributes(span: SpanRecord) -> dict[str, Any]:
     resource = span.resource
     cached_resource, kept = _resource_cache
     if resource is not cached_resource:
-        kept = _short(resource)
+        kept = _short(resource, resource=True)
         _resource_cache = (resource, kept)
     out = dict(kept)
-    out.update(_short(span.attributes))
+    out.update(_short(span.attributes, resource=False))
     return out
 
 
-def _short(attrs: Mapping[str, Any]) -> dict[str, Any]:
+# Per span attribute key: kept or not. Keys repeat across spans; the cache is dropped when it
+# grows past a bound so odd key spaces cannot grow it forever.
+_key_kept: dict[str, bool] = {}
+_KEY_CACHE_MAX = 50_000
+
+
+def _kept_key(key: str) -> bool:
+    return key.startswith(_USER_PREFIXES) or not key.startswith(_CONVENTION_PREFIXES)
+
+
+def _short(attrs: Mapping[str, Any], *, resource: bool) -> dict[str, Any]:
+    """Short scalars; for span attributes, only the keys ``_kept_key`` keeps."""
     out: dict[str, Any] = {}
+    kept = _key_kept
     for k, v in attrs.items():
-        if isinstance(v, str):
+        t = type(v)
+        if t is str:
             if len(v) > MAX_ATTRIBUTE_CHARS:
                 continue
-        elif not isinstance(v, (int, float, bool)):
+        elif t is not int and t is not float and t is not bool:
             continue
-        if k.startswith(_FLATTENED_PREFIXES):
-            continue
+        if not resource:
+            keep = kept.get(k)
+            if keep is None:
+                if len(kept) >= _KEY_CACHE_MAX:
+                    kept.clear()
+                keep = kept[k] = _kept_key(k)
+            if not keep:
+                continue
         out[k] = v
     return out
 
@@ -197,11 +236,17 @@ def set_result(out: NormalisedSpan, raw: Any, source: str) -> bool:
 
 
 def set_first_args(out: NormalisedSpan, a: Mapping[str, Any], keys: tuple[str, ...]) -> bool:
-    return any(key in a and set_args(out, a[key], key) for key in keys)
+    for key in keys:  # noqa: SIM110 - a loop, not any(generator): this is the hot path
+        if key in a and set_args(out, a[key], key):
+            return True
+    return False
 
 
 def set_first_result(out: NormalisedSpan, a: Mapping[str, Any], keys: tuple[str, ...]) -> bool:
-    return any(key in a and set_result(out, a[key], key) for key in keys)
+    for key in keys:  # noqa: SIM110 - as above
+        if key in a and set_result(out, a[key], key):
+            return True
+    return False
 
 
 def first_str(a: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import ast
 import json
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+import orjson
 
 from otel_plumb.model.trajectory import CaptureStatus
 
@@ -43,12 +44,12 @@ PLACEHOLDERS = frozenset(
 
 # Largest string handed to ast.literal_eval: it builds a full syntax tree first.
 _LITERAL_EVAL_MAX = 200_000
+_OPENERS = ("{", "[")
 # Double (or deeper) encoding is unwound at most this many times.
 _MAX_UNWRAP = 3
 
 
-@dataclass(slots=True, frozen=True)
-class Decoded:
+class Decoded(NamedTuple):
     value: Any
     status: CaptureStatus
     # Why the value is not data ("redacted placeholder", "not JSON: ..."); None when captured.
@@ -83,12 +84,21 @@ def decode(raw: Any) -> Decoded:
 
 
 def _decode_text(text: str) -> Decoded:
+    # Fast path, the common case on the hot path: a JSON object or array, encoded once.
+    if text[:1] in _OPENERS:
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass  # NaN, huge integers, Python reprs, garbage: the careful path below decides
+        else:
+            if not isinstance(value, str):
+                return Decoded(value, "captured")
     s = text.strip()
     if not s:
         return ABSENT
     if is_placeholder(s):
         return Decoded(None, "redacted", f"placeholder {s[:40]!r}")
-    value: Any = text
+    value = text
     for _ in range(_MAX_UNWRAP):
         if not isinstance(value, str):
             break
