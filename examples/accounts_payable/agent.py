@@ -29,7 +29,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from otel_plumb.agent import Faults, InjectedFault, setup_tracing, trial_context
+from otel_plumb.agent import Faults, InjectedFault, in_trial, setup_tracing
 
 # The system of record: invoices, purchase orders, vendors.
 INVOICES: dict[str, dict[str, Any]] = {
@@ -175,9 +175,8 @@ def handle(request: dict[str, Any], retries: int, carrier: dict[str, Any] | None
     tracer = provider.get_tracer("ap-agent")
     faults = Faults.from_request(request)
     ledger = Ledger()
-    ctx = trial_context(carrier)
     try:
-        with tracer.start_as_current_span("invoke_agent ap-agent", context=ctx) as root:
+        with in_trial(carrier), tracer.start_as_current_span("invoke_agent ap-agent") as root:
             root.set_attribute("gen_ai.operation.name", "invoke_agent")
             root.set_attribute("gen_ai.agent.name", "ap-agent")
             out = _process(tracer, faults, ledger, request, retries)

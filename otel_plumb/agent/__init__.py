@@ -1,8 +1,9 @@
 """Helpers for an agent under a campaign (protocol ``otel-plumb.agent/1``).
 
-- :func:`trial_context` reads the W3C ``traceparent`` and ``baggage`` the harness sent (HTTP
-  headers, the ``TRACEPARENT``/``BAGGAGE`` environment of a command, or the request dict of
-  a Python callable) into an OpenTelemetry context: start the agent's root span in it.
+- :func:`in_trial` (a context manager) and :func:`trial_context` read the W3C ``traceparent``
+  and ``baggage`` the harness sent (HTTP headers, the ``TRACEPARENT``/``BAGGAGE`` environment
+  of a command, or the request dict of a Python callable) into an OpenTelemetry context: run
+  the agent inside ``with in_trial(...)``.
 - :func:`setup_tracing` builds a tracer provider that exports OTLP/HTTP to the campaign's
   receiver and copies ``plumb.*`` baggage onto every span (``BaggageSpanProcessor`` from
   ``opentelemetry-processor-baggage``), so each trajectory names its case, variant, trial, arm.
@@ -10,7 +11,7 @@
   given error for its first ``times`` calls.
 """
 
-from otel_plumb.agent.context import PLUMB_PREFIX, setup_tracing, trial_context
+from otel_plumb.agent.context import PLUMB_PREFIX, in_trial, setup_tracing, trial_context
 from otel_plumb.agent.faults import Faults, InjectedFault
 
-__all__ = ["PLUMB_PREFIX", "Faults", "InjectedFault", "setup_tracing", "trial_context"]
+__all__ = ["PLUMB_PREFIX", "Faults", "InjectedFault", "in_trial", "setup_tracing", "trial_context"]

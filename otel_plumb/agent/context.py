@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -35,6 +36,20 @@ def trial_context(source: Mapping[str, Any] | None = None) -> otel_context.Conte
             if isinstance(key, str) and key.lower() in ("traceparent", "tracestate", "baggage") and value:
                 carrier[key.lower()] = str(value)
     return _PROPAGATOR.extract(carrier)
+
+
+@contextmanager
+def in_trial(source: Mapping[str, Any] | None = None) -> Iterator[otel_context.Context]:
+    """Make the trial's context current for the block, so every span started in it (not just
+    the first) belongs to the trial's trace and sees its ``plumb.*`` baggage. (A tracer's
+    ``start_as_current_span(context=...)`` takes the parent from ``context`` but not its
+    baggage for the spans below.)"""
+    ctx = trial_context(source)
+    token = otel_context.attach(ctx)
+    try:
+        yield ctx
+    finally:
+        otel_context.detach(token)
 
 
 def setup_tracing(service_name: str, endpoint: str | None = None, *, exporter: SpanExporter | None = None,

@@ -75,6 +75,8 @@ class TraceSource:
     """Base: where trajectories come from. ``otlp_endpoint`` is given to agents (or None)."""
 
     otlp_endpoint: str | None = None
+    # False for trace files recorded earlier: the agents ran then, not now.
+    runs_agents = True
 
     def __init__(self) -> None:
         self.matcher = Matcher()
@@ -135,7 +137,10 @@ class EmbeddedReceiver(TraceSource):
 
 
 class FileSource(TraceSource):
-    """Trajectories from trace files recorded earlier (replay's reader, the shared core)."""
+    """Trajectories from trace files recorded earlier (replay's reader, the shared core),
+    matched to trials by ``plumb.trial.id`` (trial ids are stable for a campaign)."""
+
+    runs_agents = False
 
     def __init__(self, paths: list[str]) -> None:
         super().__init__()

@@ -226,8 +226,9 @@ class CampaignRun:
                 CASE_ID: row.case_id, VARIANT_ID: row.variant_id, TRIAL_ID: row.trial_id, ARM: row.arm})
             request = self.request(trial, source.otlp_endpoint)
             try:
-                row.answer = await runner(request, ctx)
+                row.answer = await runner(request, ctx) if source.runs_agents else {"output": None, "state": None}
                 trajectory = await source.trajectory(trace_id, row.trial_id, self.campaign.spec.traces.deadline_s)
+                row.trace_id = trajectory.trace_id or trace_id
                 record, row.traj_status, row.critical_ok, row.summary = judge(trajectory, trial, self.policies)
                 row.status = "ok"
                 self.store.cache_put(row.identity, row.answer, trace_id, record)

@@ -222,7 +222,8 @@ def _label(step: dict[str, Any] | None) -> str:
     shown = ""
     if isinstance(args, dict) and args:
         shown = " " + ", ".join(f"{k}={v}" for k, v in list(args.items())[:3])
-    mark = f"  ✗ {step['error']}" if step.get("error") else ""
+    error = str(step.get("error") or "")
+    mark = f"  ✗ {error[:40]}{'…' if len(error) > 40 else ''}" if error else ""
     return f"[{step['index']}] {step['name']}{shown}{mark}"
 
 
