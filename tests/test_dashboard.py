@@ -8,7 +8,6 @@ import contextlib
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -19,16 +18,12 @@ from typing import Any
 
 import pytest
 import yaml
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from test_live_support import agent_provider, config, free_port, wait_until
 
-from otel_plumb.check import load_policies
 from otel_plumb.demo.agent import INVOICES, run_all
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.demo.run import policy_path
-from otel_plumb.processor import Processor, load_config
+from otel_plumb.processor import Processor
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "configs" / "grafana" / "otel-plumb-dashboard.json"
@@ -77,12 +72,6 @@ def test_dashboard_is_provisioning_ready() -> None:
     assert provisioning["apiVersion"] == 1 and provisioning["providers"][0]["type"] == "file"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def prometheus(tmp_path: Path, target: str) -> Iterator[str]:
     """A real Prometheus on a free loopback port scraping ``target`` every second, with the
@@ -96,7 +85,7 @@ def prometheus(tmp_path: Path, target: str) -> Iterator[str]:
     }
     config_file = tmp_path / "prometheus.yml"
     config_file.write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "prometheus.log").open("w")
     process = subprocess.Popen(
         [
@@ -161,17 +150,7 @@ async def processor(tmp_path: Path) -> AsyncIterator[Processor]:
     """The processor with the bundled policy, exporting annotated spans to a real OTLP backend."""
     backend = OtlpBackend(keep=False)
     await backend.start(0)
-    config = load_config(
-        None,
-        {
-            "receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},
-            "metrics": {"endpoint": "127.0.0.1:0"},
-            "assembly": {"idle_timeout": 0.3},
-            "exporters": {"otlp": {"endpoint": backend.endpoint, "state_dir": str(tmp_path / "state")}},
-            "shutdown": {"grace_period": 5},
-        },
-    )
-    processor = Processor(config, load_policies([policy_path()]))
+    processor = Processor(config(tmp_path, backend.endpoint, policies=[str(policy_path())]))
     await processor.start()
     try:
         yield processor
@@ -185,18 +164,14 @@ async def feed(processor: Processor) -> None:
     exporter; returns once every trajectory is decided."""
     decided: list[str] = []
     processor.on_decided(lambda record, _t, _v: decided.append(record["status"]))
-    provider = TracerProvider(resource=Resource.create({"service.name": "ap-service"}))
-    exporter = OTLPSpanExporter(endpoint=f"127.0.0.1:{processor.grpc_port}", insecure=True)
-    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100))
+    provider, _ = agent_provider(processor.grpc_port or 0)
 
     def agent() -> None:
         run_all(provider)
         provider.shutdown()
 
     await asyncio.to_thread(agent)
-    async with asyncio.timeout(DEADLINE):
-        while len(decided) < len(INVOICES):
-            await asyncio.sleep(0.05)
+    await wait_until(lambda: len(decided) == len(INVOICES), DEADLINE, "every trajectory decided")
     assert {"conformant", "violating"} <= set(decided)
 
 

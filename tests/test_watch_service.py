@@ -52,7 +52,9 @@ def _record(n: int, agent: str, policy: str, verdict: str) -> dict[str, Any]:
     )
     trajectory = Trajectory(key=trace_id, trace_ids=[trace_id], steps=[step], agent=agent, span_count=1)
     verdicts = [Verdict("no_refund", policy, verdict, "critical", 0, step.span_id, "checked", 0, n)]  # type: ignore[arg-type]
-    return trajectory_record(trajectory, verdicts, [policy])
+    record = trajectory_record(trajectory, verdicts, [policy])
+    record["decision"] = "final"
+    return record
 
 
 async def _watch(stub: watch_pb2_grpc.VerdictServiceStub, **filters: list[str]) -> Any:
@@ -91,6 +93,17 @@ async def test_watch_streams_published_records_with_filters(served: Any) -> None
     assert got_all[1].status == "conformant"
 
 
+async def test_watch_filters_early_decisions(served: Any) -> None:
+    hub, stub = served
+    early_only = await _watch(stub, decisions=["early"])
+    early = {**_record(1, "support", "payments", "fail"), "decision": "early"}
+    hub.publish(early)
+    hub.publish(_record(1, "support", "payments", "fail"))
+    hub.close()
+    got = [m async for m in early_only]
+    assert [(m.trace_id, m.decision) for m in got] == [(early["trace_id"], "early")]
+
+
 async def test_watch_rejects_unknown_status(served: Any) -> None:
     _hub, stub = served
     call = stub.Watch(watch_pb2.WatchRequest(statuses=["broken"]), timeout=DEADLINE)
@@ -99,6 +112,11 @@ async def test_watch_rejects_unknown_status(served: Any) -> None:
             pass
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "broken" in (info.value.details() or "")
+    call = stub.Watch(watch_pb2.WatchRequest(decisions=["soon"]), timeout=DEADLINE)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in call:
+            pass
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 async def test_cancelled_watch_unsubscribes(served: Any) -> None:

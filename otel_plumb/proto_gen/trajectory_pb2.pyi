@@ -87,7 +87,7 @@ class Violation(_message.Message):
     def __init__(self, invariant: _Optional[str] = ..., severity: _Optional[str] = ..., message: _Optional[str] = ..., expected: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., got: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("trace_id", "trace_ids", "key", "service", "agent", "session_id", "status", "complete", "incomplete_reason", "policies", "case_id", "variant_id", "trial_id", "arm", "root_span_id", "start_time_unix_nano", "end_time_unix_nano", "span_count", "steps", "verdicts", "problems")
+    __slots__ = ("trace_id", "trace_ids", "key", "service", "agent", "session_id", "status", "complete", "incomplete_reason", "policies", "case_id", "variant_id", "trial_id", "arm", "root_span_id", "start_time_unix_nano", "end_time_unix_nano", "span_count", "steps", "verdicts", "problems", "decision")
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_IDS_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,7 @@ class Trajectory(_message.Message):
     STEPS_FIELD_NUMBER: _ClassVar[int]
     VERDICTS_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
     trace_id: str
     trace_ids: _containers.RepeatedScalarFieldContainer[str]
     key: str
@@ -130,4 +131,5 @@ class Trajectory(_message.Message):
     steps: _containers.RepeatedCompositeFieldContainer[Step]
     verdicts: _containers.RepeatedCompositeFieldContainer[Verdict]
     problems: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, trace_id: _Optional[str] = ..., trace_ids: _Optional[_Iterable[str]] = ..., key: _Optional[str] = ..., service: _Optional[str] = ..., agent: _Optional[str] = ..., session_id: _Optional[str] = ..., status: _Optional[str] = ..., complete: _Optional[bool] = ..., incomplete_reason: _Optional[str] = ..., policies: _Optional[_Iterable[str]] = ..., case_id: _Optional[str] = ..., variant_id: _Optional[str] = ..., trial_id: _Optional[str] = ..., arm: _Optional[str] = ..., root_span_id: _Optional[str] = ..., start_time_unix_nano: _Optional[int] = ..., end_time_unix_nano: _Optional[int] = ..., span_count: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., verdicts: _Optional[_Iterable[_Union[Verdict, _Mapping]]] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
+    decision: str
+    def __init__(self, trace_id: _Optional[str] = ..., trace_ids: _Optional[_Iterable[str]] = ..., key: _Optional[str] = ..., service: _Optional[str] = ..., agent: _Optional[str] = ..., session_id: _Optional[str] = ..., status: _Optional[str] = ..., complete: _Optional[bool] = ..., incomplete_reason: _Optional[str] = ..., policies: _Optional[_Iterable[str]] = ..., case_id: _Optional[str] = ..., variant_id: _Optional[str] = ..., trial_id: _Optional[str] = ..., arm: _Optional[str] = ..., root_span_id: _Optional[str] = ..., start_time_unix_nano: _Optional[int] = ..., end_time_unix_nano: _Optional[int] = ..., span_count: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., verdicts: _Optional[_Iterable[_Union[Verdict, _Mapping]]] = ..., problems: _Optional[_Iterable[str]] = ..., decision: _Optional[str] = ...) -> None: ...

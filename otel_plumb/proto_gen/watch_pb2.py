@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from . import trajectory_pb2 as otel__plumb_dot_v1_dot_trajectory__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19otel_plumb/v1/watch.proto\x12\rotel_plumb.v1\x1a\x1eotel_plumb/v1/trajectory.proto\"B\n\x0cWatchRequest\x12\x10\n\x08policies\x18\x01 \x03(\t\x12\x0e\n\x06\x61gents\x18\x02 \x03(\t\x12\x10\n\x08statuses\x18\x03 \x03(\t2S\n\x0eVerdictService\x12\x41\n\x05Watch\x12\x1b.otel_plumb.v1.WatchRequest\x1a\x19.otel_plumb.v1.Trajectory0\x01\x42R\n\x0fio.otelplumb.v1P\x01Z=github.com/otel-plumb/otel-plumb/gen/go/otel_plumb/v1;plumbv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19otel_plumb/v1/watch.proto\x12\rotel_plumb.v1\x1a\x1eotel_plumb/v1/trajectory.proto\"U\n\x0cWatchRequest\x12\x10\n\x08policies\x18\x01 \x03(\t\x12\x0e\n\x06\x61gents\x18\x02 \x03(\t\x12\x10\n\x08statuses\x18\x03 \x03(\t\x12\x11\n\tdecisions\x18\x04 \x03(\t2S\n\x0eVerdictService\x12\x41\n\x05Watch\x12\x1b.otel_plumb.v1.WatchRequest\x1a\x19.otel_plumb.v1.Trajectory0\x01\x42R\n\x0fio.otelplumb.v1P\x01Z=github.com/otel-plumb/otel-plumb/gen/go/otel_plumb/v1;plumbv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,7 +35,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\017io.otelplumb.v1P\001Z=github.com/otel-plumb/otel-plumb/gen/go/otel_plumb/v1;plumbv1'
   _globals['_WATCHREQUEST']._serialized_start=76
-  _globals['_WATCHREQUEST']._serialized_end=142
-  _globals['_VERDICTSERVICE']._serialized_start=144
-  _globals['_VERDICTSERVICE']._serialized_end=227
+  _globals['_WATCHREQUEST']._serialized_end=161
+  _globals['_VERDICTSERVICE']._serialized_start=163
+  _globals['_VERDICTSERVICE']._serialized_end=246
 # @@protoc_insertion_point(module_scope)

@@ -9,11 +9,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WatchRequest(_message.Message):
-    __slots__ = ("policies", "agents", "statuses")
+    __slots__ = ("policies", "agents", "statuses", "decisions")
     POLICIES_FIELD_NUMBER: _ClassVar[int]
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     STATUSES_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
     policies: _containers.RepeatedScalarFieldContainer[str]
     agents: _containers.RepeatedScalarFieldContainer[str]
     statuses: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, policies: _Optional[_Iterable[str]] = ..., agents: _Optional[_Iterable[str]] = ..., statuses: _Optional[_Iterable[str]] = ...) -> None: ...
+    decisions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, policies: _Optional[_Iterable[str]] = ..., agents: _Optional[_Iterable[str]] = ..., statuses: _Optional[_Iterable[str]] = ..., decisions: _Optional[_Iterable[str]] = ...) -> None: ...

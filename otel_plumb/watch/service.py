@@ -19,6 +19,7 @@ from otel_plumb.proto_gen import trajectory_pb2, watch_pb2, watch_pb2_grpc
 from otel_plumb.watch.hub import Record, VerdictHub
 
 STATUSES = frozenset({"conformant", "violating", "indeterminate"})
+DECISIONS = frozenset({"early", "final"})
 
 
 def trajectory_message(record: Record) -> trajectory_pb2.Trajectory:
@@ -32,9 +33,12 @@ def record_filter(request: watch_pb2.WatchRequest) -> Callable[[Record], bool]:
     policies = frozenset(request.policies)
     agents = frozenset(request.agents)
     statuses = frozenset(request.statuses)
+    decisions = frozenset(request.decisions)
 
     def accept(record: Record) -> bool:
         if statuses and record.get("status") not in statuses:
+            return False
+        if decisions and record.get("decision") not in decisions:
             return False
         if agents and record.get("agent") not in agents:
             return False
@@ -57,12 +61,16 @@ class VerdictServicer(watch_pb2_grpc.VerdictServiceServicer):
     async def Watch(
         self, request: watch_pb2.WatchRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[trajectory_pb2.Trajectory]:
-        unknown = sorted(set(request.statuses) - STATUSES)
-        if unknown:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"unknown status {', '.join(unknown)}; expected one of {', '.join(sorted(STATUSES))}",
-            )
+        for field, values, known in (
+            ("status", request.statuses, STATUSES),
+            ("decision", request.decisions, DECISIONS),
+        ):
+            unknown = sorted(set(values) - known)
+            if unknown:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"unknown {field} {', '.join(unknown)}; expected one of {', '.join(sorted(known))}",
+                )
         subscription = self._hub.subscribe(record_filter(request))
         try:
             # Tells the client the subscription is in place: everything decided from now on is sent.
