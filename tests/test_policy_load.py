@@ -6,6 +6,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_check_support import policy, trajectory
 
 from otel_plumb.check import PolicyError, evaluate_all, load_policies, load_policy
@@ -113,3 +115,32 @@ def test_shipped_policies_load():
         if path.name.endswith("-truth.yaml"):
             continue
         assert load_policy(path).invariants
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.data(),
+    st.sampled_from(["colour", "must_cal", "Severity"]),
+    st.booleans(),
+)
+def test_unknown_key_line_is_exact(tmp_path_factory, count, data, key, flow):
+    bad = data.draw(st.integers(0, count - 1))
+    lines = ["# leading comment", "policy: p", "invariants:"]
+    expected = 0
+    for i in range(count):
+        if flow:
+            extra = f", {key}: 1" if i == bad else ""
+            lines.append(f"  - {{id: i{i}, must_call: t{extra}}}")
+            if i == bad:
+                expected = len(lines)
+        else:
+            lines += [f"  - id: i{i}", "", "    must_call: t"]
+            if i == bad:
+                lines.append(f"    {key}: 1")
+                expected = len(lines)
+    path = tmp_path_factory.mktemp("p") / "p.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert info.value.line == expected and f"unknown key {key!r}" in info.value.message
