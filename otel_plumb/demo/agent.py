@@ -11,6 +11,7 @@ the wrong amount.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,9 @@ from opentelemetry.trace import Status, StatusCode
 
 AGENT = "ap-agent"
 MODEL = "scripted-ap-model"
+# After paying twice the agent keeps working for a while (as a real run would, between model
+# calls): the early verdict arrives while the run is still going, before its root span ends.
+PAUSE_AFTER_DOUBLE_PAYMENT_S = 0.4
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +135,13 @@ def run_invoice(tracer: trace.Tracer, invoice: Invoice, run_id: str = "") -> str
                     "gen_ai.tool.call.id": call_id,
                     "gen_ai.tool.call.arguments": json.dumps(args),
                     "gen_ai.tool.call.result": json.dumps(answers[tool]),
+                    # As a baggage span processor would copy it: the case is known on every span.
+                    "plumb.case.id": invoice.invoice_id,
                 },
             ) as span:
                 span.set_status(Status(StatusCode.OK))
+            if invoice.fault == "pay_twice" and tool == "schedule_payment" and n == len(calls) - 2:
+                time.sleep(PAUSE_AFTER_DOUBLE_PAYMENT_S)
         with tracer.start_as_current_span(
             f"chat {MODEL}",
             kind=trace.SpanKind.CLIENT,

@@ -9,7 +9,7 @@ for the OpenMetrics format (Prometheus does, with exemplar storage enabled).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -18,6 +18,7 @@ from prometheus_client.exposition import choose_encoder
 from otel_plumb.model import Trajectory, Verdict
 
 OVERFLOW = "__overflow__"
+_CHILD_CACHE = 10_000
 # From 10 ms to ~5 min: decisions wait for idle_timeout (seconds) and at most max_wait (minutes).
 DECISION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120, 300)
 
@@ -29,14 +30,24 @@ class _Capped(Generic[M]):
     """A labelled metric whose label values are capped: past ``cap`` distinct values per label,
     new values become ``__overflow__`` so a misbehaving client cannot blow up the series count."""
 
-    __slots__ = ("_cap", "_seen", "metric")
+    __slots__ = ("_cap", "_children", "_seen", "metric")
 
     def __init__(self, metric: M, label_names: Sequence[str], cap: int) -> None:
         self.metric: M = metric
         self._cap = cap
         self._seen: list[set[str]] = [set() for _ in label_names]
+        # Children by the values asked for: the hot path skips prometheus-client's own lookup.
+        self._children: dict[tuple[str | None, ...], M] = {}
 
     def labels(self, *values: str | None) -> M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._labels(values)
+            if len(self._children) < _CHILD_CACHE:
+                self._children[values] = child
+        return child
+
+    def _labels(self, values: tuple[str | None, ...]) -> M:
         capped = []
         for seen, value in zip(self._seen, values, strict=True):
             v = "" if value is None else str(value)
@@ -88,6 +99,7 @@ class Metrics:
         self.spans_unchecked = counter(
             "plumb_spans_unchecked", "Spans forwarded without being checked, by reason.", ["reason"]
         )
+        self._pending: dict[tuple[_Capped[Counter], tuple[str | None, ...]], list[Any]] = {}
         for reason in ("malformed", "export_rejected"):
             self.spans_dropped.labels(reason)
 
@@ -100,23 +112,39 @@ class Metrics:
         policies: Sequence[str],
         seconds: float,
     ) -> None:
-        """Count one decided trajectory. ``new_failures``: the failed verdicts not already
-        counted in plumb_violations_total when they were reported early."""
+        """Count one decided trajectory (added to the counters by ``flush``). ``new_failures``:
+        the failed verdicts not already counted in plumb_violations_total when reported early."""
         exemplar = {"trace_id": trajectory.trace_id} if trajectory.trace_id else None
         agent = trajectory.agent or trajectory.service or ""
+        add = self._add
         for policy in policies or ("",):
-            self.trajectories.labels(policy, agent, status).inc(exemplar=exemplar)
+            add(self.trajectories, (policy, agent, status), exemplar)
         for v in verdicts:
-            self.invariant_checks.labels(v.policy, v.invariant, v.severity, v.verdict).inc()
+            add(self.invariant_checks, (v.policy, v.invariant, v.severity, v.verdict), None)
         for v in new_failures:
-            self.violations.labels(v.policy, v.invariant, v.severity).inc(exemplar=exemplar)
+            add(self.violations, (v.policy, v.invariant, v.severity), exemplar)
         for step in trajectory.steps:
-            if step.kind != "tool":
-                continue
-            step_agent = step.agent or agent
-            self.tool_calls.labels(step_agent, step.name, "ok" if step.error is None else "error").inc()
-            self.coverage_tool_calls.labels(step_agent, step.args_status).inc()
+            if step.kind == "tool":
+                step_agent = step.agent or agent
+                add(self.tool_calls, (step_agent, step.name, "ok" if step.error is None else "error"), None)
+                add(self.coverage_tool_calls, (step_agent, step.args_status), None)
         self.decision_seconds.observe(seconds, exemplar=exemplar)
+
+    def _add(self, metric: _Capped[Counter], labels: tuple[str | None, ...], exemplar: dict[str, str] | None) -> None:
+        entry = self._pending.get((metric, labels))
+        if entry is None:
+            self._pending[(metric, labels)] = [1, exemplar]
+        else:
+            entry[0] += 1
+            if exemplar is not None:
+                entry[1] = exemplar
+
+    def flush(self) -> None:
+        """Add the counts of the trajectories recorded since the last flush: one increment per
+        series per batch instead of one per trajectory (prometheus-client takes a lock per call)."""
+        pending, self._pending = self._pending, {}
+        for (metric, labels), (count, exemplar) in pending.items():
+            metric.labels(*labels).inc(count, exemplar=exemplar)
 
     def render(self, accept: str) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept)

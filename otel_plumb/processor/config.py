@@ -56,14 +56,19 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ReceiverConfig(_Model):
-    endpoint: Endpoint
+class GrpcReceiverConfig(_Model):
+    endpoint: Endpoint = "127.0.0.1:4317"
+    enabled: bool = True
+
+
+class HttpReceiverConfig(_Model):
+    endpoint: Endpoint = "127.0.0.1:4318"
     enabled: bool = True
 
 
 class ReceiversConfig(_Model):
-    grpc: ReceiverConfig = ReceiverConfig(endpoint="127.0.0.1:4317")
-    http: ReceiverConfig = ReceiverConfig(endpoint="127.0.0.1:4318")
+    grpc: GrpcReceiverConfig = GrpcReceiverConfig()
+    http: HttpReceiverConfig = HttpReceiverConfig()
     # LLM payloads exceed gRPC's 4 MiB default.
     max_message_mib: float = Field(default=16.0, gt=0)
     # Back-pressure: above this many spans held for assembly, requests are refused as retryable.

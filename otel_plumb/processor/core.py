@@ -80,6 +80,7 @@ class Processor:
         # early failures were already reported (so they are reported and counted once).
         self._last_arrival: dict[str, float] = {}
         self._early: dict[str, set[tuple[str, str]]] = {}
+        self._rooted: set[str] = set()
         self._grpc: grpc.aio.Server | None = None
         self._runners: list[web.AppRunner] = []
         self._tick_task: asyncio.Task[None] | None = None
@@ -235,6 +236,8 @@ class Processor:
                     if outcome is AddOutcome.ACCEPTED:
                         tid = normalised.trace_id
                         self._last_arrival[tid] = now
+                        if normalised.parent_span_id is None:
+                            self._rooted.add(tid)
                         touched[tid] = touched.get(tid, False) or normalised.kind != "other"
                     else:
                         self.metrics.spans_unchecked.labels(outcome.value).inc()
@@ -246,7 +249,9 @@ class Processor:
         self.metrics.traces_in_flight.set(self.assembler.traces_in_flight)
         if self._early_checks:
             for tid, has_steps in touched.items():
-                if has_steps and not self.assembler.is_decided(tid):
+                # Once the root span (which ends last) is in, the full verdict is one idle_timeout
+                # away: early checks are for trajectories still running.
+                if has_steps and tid not in self._rooted and not self.assembler.is_decided(tid):
                     self._early_check(tid)
         if finished:
             async with self._decide_lock:
@@ -305,23 +310,27 @@ class Processor:
             trajectory = f.trajectory()
             names, verdicts = self._evaluate(trajectory)
             status = trajectory_status(trajectory, verdicts)
-            record = trajectory_record(trajectory, verdicts, names)
-            record["decision"] = "final"
             last = max((self._last_arrival.pop(t, f.first_seen) for t in f.trace_ids), default=f.first_seen)
             early: set[tuple[str, str]] = set()
             for t in f.trace_ids:
                 early |= self._early.pop(t, set())
+                self._rooted.discard(t)
             new_failures = [v for v in verdicts if v.verdict == "fail" and (v.policy, v.invariant) not in early]
             self.metrics.record_trajectory(trajectory, new_failures, verdicts, status, names, now - last)
             self.trajectories_decided += 1
-            if self._verdict_log is not None:
-                self._verdict_log.write(record)
-            self.hub.publish(record)
-            for callback in list(self._callbacks):
-                try:
-                    callback(record, trajectory, verdicts)
-                except Exception:
-                    log.exception("on_decided callback failed")
+            # The record is built only when someone reads it (it costs as much as a check).
+            # (VerdictHub has no public "anyone listening?": its subscriber set is read directly.)
+            if self._verdict_log is not None or self._callbacks or self.hub._subscribers:
+                record = trajectory_record(trajectory, verdicts, names)
+                record["decision"] = "final"
+                if self._verdict_log is not None:
+                    self._verdict_log.write(record)
+                self.hub.publish(record)
+                for callback in list(self._callbacks):
+                    try:
+                        callback(record, trajectory, verdicts)
+                    except Exception:
+                        log.exception("on_decided callback failed")
             if status == "violating":
                 failed = sorted({f"{v.policy}/{v.invariant}" for v in verdicts if v.verdict == "fail"})
                 log.info("verdict: trace %s %s (%s)", trajectory.trace_id, status, ", ".join(failed))
@@ -335,6 +344,7 @@ class Processor:
                 out.extend(payloads)
             elif trajectory.trace_id:
                 verdict_spans.append(verdict_span_request(trajectory, status, names, verdicts))
+        self.metrics.flush()
         if self._verdict_log is not None:
             self._verdict_log.flush()
         self.metrics.traces_in_flight.set(self.assembler.traces_in_flight)
