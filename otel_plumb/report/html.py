@@ -85,7 +85,3 @@ def _view(record: Mapping[str, Any]) -> dict[str, Any]:
     undecided = [v for v in record.get("verdicts", ()) if v["verdict"] == "indeterminate"]
     return {"record": record, "marks": marks, "whole": whole, "fails": fails, "undecided": undecided}
 
-
-def write(path: str, report: Mapping[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(render(report))

@@ -63,7 +63,3 @@ def _detail(record: Mapping[str, Any], v: Mapping[str, Any]) -> str:
     ]  # fmt: skip
     return "\n".join(lines)
 
-
-def write(path: str, report: Mapping[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(render(report))
