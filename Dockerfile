@@ -1,0 +1,30 @@
+# otel-plumb: the live processor (`otel-plumb run`) and the offline commands, as a non-root image.
+#   docker build -t otel-plumb .
+#   docker run -p 4317:4317 -p 4318:4318 -p 9464:9464 -v $PWD/configs:/etc/otel-plumb:ro \
+#     otel-plumb run --config /etc/otel-plumb/otel-plumb.yaml
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY otel_plumb ./otel_plumb
+RUN pip install --no-cache-dir --prefix=/install .
+
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    XDG_STATE_HOME=/var/lib
+COPY --from=build /install /usr/local
+RUN groupadd --system --gid 10001 plumb \
+ && useradd --system --uid 10001 --gid plumb --home-dir /var/lib/otel-plumb --no-create-home plumb \
+ && mkdir -p /var/lib/otel-plumb /etc/otel-plumb/policies \
+ && chown plumb:plumb /var/lib/otel-plumb
+COPY configs/policies /etc/otel-plumb/policies
+USER 10001:10001
+WORKDIR /var/lib/otel-plumb
+# The on-disk export queue and the verdict log live here.
+VOLUME ["/var/lib/otel-plumb"]
+# OTLP/gRPC (and the VerdictService Watch stream), OTLP/HTTP, metrics with /healthz and /readyz.
+EXPOSE 4317 4318 9464
+HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=2)"]
+ENTRYPOINT ["otel-plumb"]
+CMD ["run", "--grpc", "0.0.0.0:4317", "--http", "0.0.0.0:4318", "--metrics", "0.0.0.0:9464", "--state-dir", "/var/lib/otel-plumb"]
