@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_check_support import policy, trajectory
+from test_check_support import policy, step, trajectory
 
 from otel_plumb.check import PolicyError, evaluate_all, load_policies, load_policy
 
@@ -144,3 +144,22 @@ def test_unknown_key_line_is_exact(tmp_path_factory, count, data, key, flow):
     with pytest.raises(PolicyError) as info:
         load_policy(path)
     assert info.value.line == expected and f"unknown key {key!r}" in info.value.message
+
+
+def test_yaml_anchors_merge_keys_and_dates(tmp_path):
+    (tmp_path / "truth.yaml").write_text("INV-1: {due: 2026-01-31}\n")
+    p = policy(
+        tmp_path,
+        """
+        policy: p
+        task: {attribute: invoice.id}
+        context: {file: truth.yaml}
+        invariants:
+          - &pay {id: a, severity: low, arg_equals: {tool: pay, arg: due, context: due}}
+          - {<<: *pay, id: b}
+          - {id: c, arg_equals: {tool: pay, arg: due, value: 2026-01-31}}
+        """,
+    )
+    assert [(i.id, i.severity) for i in p.invariants] == [("a", "low"), ("b", "low"), ("c", "high")]
+    t = trajectory(step("pay", args={"due": "2026-01-31"}), attributes={"invoice.id": "INV-1"})
+    assert [v.verdict for v in p.evaluate(t)] == ["pass", "pass", "pass"]

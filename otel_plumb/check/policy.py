@@ -15,7 +15,7 @@ from otel_plumb.check import checks as ck
 from otel_plumb.check import schema as sc
 from otel_plumb.check.errors import PolicyError
 from otel_plumb.check.expr import EvaluationError, Expression, ExpressionError
-from otel_plumb.check.source import LocatedYaml, load_located
+from otel_plumb.check.source import LocatedYaml, load_located, plain_value
 from otel_plumb.check.values import MISSING, lookup, parse_path
 from otel_plumb.model import Severity, Step, Trajectory, Verdict
 
@@ -469,4 +469,4 @@ def _read_context_file(doc: LocatedYaml, spec: sc.PolicyFile) -> dict[str, dict[
         raise doc.error(loc, f"context file {spec.context.file!r} is not valid YAML/JSON: {exc}") from None
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise doc.error(loc, f"context file {spec.context.file!r} must map each task id to a mapping of values")
-    return {str(k): {str(kk): vv for kk, vv in v.items()} for k, v in data.items()}
+    return {str(k): {str(kk): plain_value(vv) for kk, vv in v.items()} for k, v in data.items()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,13 +57,21 @@ def load_located(path: str, text: str) -> LocatedYaml:
 
 def _construct(path: str, node: yaml.Node, at: Path, lines: dict[Path, int], scalars: yaml.SafeLoader) -> Any:
     if isinstance(node, yaml.MappingNode):
-        out: dict[Any, Any] = {}
-        for key_node, value_node in node.value:
+        written: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
             key = _construct(path, key_node, at, lines, scalars)
             if not isinstance(key, str | int | float | bool) and key is not None:
                 raise PolicyError(path, key_node.start_mark.line + 1, "a key must be a plain value")
-            if key in out:
+            if key in written:
                 raise PolicyError(path, key_node.start_mark.line + 1, f"duplicate key {key!r}")
+            written.add(key)
+        # YAML merge keys (<<: *anchor) as the SafeLoader reads them: merged first, own keys win.
+        scalars.flatten_mapping(node)
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = _construct(path, key_node, at, lines, scalars)
             seg = key if isinstance(key, str | int) else str(key)
             lines[(*at, seg)] = key_node.start_mark.line + 1
             out[key] = _construct(path, value_node, (*at, seg), lines, scalars)
@@ -73,5 +82,17 @@ def _construct(path: str, node: yaml.Node, at: Path, lines: dict[Path, int], sca
             lines[(*at, i)] = item.start_mark.line + 1
             items.append(_construct(path, item, (*at, i), lines, scalars))
         return items
-    # Scalars resolve by the SafeLoader's own rules (ints, floats, booleans, null, dates).
-    return scalars.construct_object(node, deep=True)
+    # Scalars resolve by the SafeLoader's own rules (ints, floats, booleans, null), except that
+    # dates stay text as they would in JSON, the form trace values arrive in.
+    return plain_value(scalars.construct_object(node, deep=True))
+
+
+def plain_value(value: Any) -> Any:
+    """YAML values as JSON would have them: dates and times become ISO 8601 text."""
+    if isinstance(value, datetime.date | datetime.datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: plain_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain_value(v) for v in value]
+    return value
