@@ -4,6 +4,7 @@ values.schema.json (check-jsonschema), and what it generates loaded by the proce
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -79,11 +80,11 @@ def check_generated_files(kinds: dict[str, list[dict[str, Any]]], tmp_path: Path
     assert [p.name for p in load_policies(config.policies)] == ["ap-controls"]
 
 
-def test_rules_copy_is_the_rules_file() -> None:
-    copy = CHART / "files" / "rules.yaml"
-    assert copy.read_text() == (ROOT / "configs" / "prometheus" / "rules.yaml").read_text(), (
-        "helm/otel-plumb/files/rules.yaml differs: cp configs/prometheus/rules.yaml helm/otel-plumb/files/rules.yaml"
-    )
+@pytest.mark.parametrize("source", ["prometheus/rules.yaml", "grafana/otel-plumb-dashboard.json"])
+def test_chart_copies_are_the_configs(source: str) -> None:
+    original = ROOT / "configs" / source
+    copy = CHART / "files" / original.name
+    assert copy.read_text() == original.read_text(), f"{copy} differs: cp {original} {copy}"
 
 
 @pytest.mark.parametrize("values", ["gateway-values.yaml", "sidecar-values.yaml"])
@@ -129,6 +130,10 @@ def test_gateway(tmp_path: Path) -> None:
     assert "replicas" not in workload["spec"]  # the HPA owns it
     (pdb,) = kinds["PodDisruptionBudget"]
     assert pdb["spec"]["selector"] == workload["spec"]["selector"]
+    (dashboard,) = [cm for cm in kinds["ConfigMap"] if cm["metadata"]["name"].endswith("-dashboard")]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    board = json.loads(dashboard["data"]["otel-plumb-dashboard.json"])
+    assert board == json.loads((ROOT / "configs" / "grafana" / "otel-plumb-dashboard.json").read_text())
     (monitor,) = kinds["ServiceMonitor"]
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
