@@ -400,3 +400,37 @@ def test_arbitrary_json_never_crashes(tmp_path: Path, values: list[Any]) -> None
     assert_reads_without_raising(path)
     path.write_bytes(records([json.dumps(v).encode() for v in values]))
     assert_reads_without_raising(path)
+
+
+def test_single_jaeger_trace_object_and_top_level_arrays(tmp_path: Path) -> None:
+    single = tmp_path / "trace.json"
+    single.write_text(json.dumps(jaeger_trace(), indent=2))
+    spans, errors = split(list(read_spans(single)))
+    assert errors == []
+    check_jaeger_spans(spans)
+    sdk = agent_traces(2)
+    array = tmp_path / "requests.json"
+    array.write_text(json.dumps([otlp_json(t) for t in by_trace(sdk)], indent=2))
+    spans, errors = split(list(read_spans(array)))
+    assert errors == [] and ids(spans) == expected_ids(sdk)
+    v3 = tmp_path / "v3.json"
+    v3.write_text(json.dumps({"result": otlp_json(sdk)}, indent=1))
+    spans, errors = split(list(read_spans(v3)))
+    assert errors == [] and ids(spans) == expected_ids(sdk)
+
+
+def test_truncated_json_document_reports_an_error_after_what_it_read(tmp_path: Path) -> None:
+    sdk = agent_traces(3)
+    doc = json.dumps(otlp_json(sdk), indent=2)
+    path = tmp_path / "cut.json"
+    path.write_text(doc[: len(doc) - 40])
+    spans, errors = split(list(read_spans(path)))
+    assert len(errors) == 1 and "malformed JSON document" in errors[0].message
+
+
+def test_deeply_nested_json_is_refused_not_built(tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    for content in ("[" * 200_000 + "]" * 200_000, '{"resourceSpans": ' + "[" * 100_000, "[[[{}]]]\n[[1]]\n"):
+        path.write_text(content)
+        spans, errors = split(list(read_spans(path)))
+        assert spans == [] and errors, content[:20]

@@ -59,6 +59,10 @@ _ITEM_KINDS: dict[str, str] = {
     "item": "any",
 }
 _JAEGER_TRACE_KEYS = frozenset({"traceID", "spans", "processes", "warnings"})
+_STARTS = ("start_map", "start_array")
+_ENDS = ("end_map", "end_array")
+# Deeper nesting than any trace needs is refused rather than built.
+MAX_DEPTH = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +166,7 @@ def _read_json(name: str, stream: IO[bytes]) -> Iterator[list[Item]]:
         return
     try:
         obj = json.loads(first)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         # Either a pretty-printed document or a malformed first line of JSON lines: a JSON-lines
         # file has a complete value on its next non-blank line.
         second = b""
@@ -185,7 +189,7 @@ def _read_json(name: str, stream: IO[bytes]) -> Iterator[list[Item]]:
             continue
         try:
             obj = json.loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             yield [ReadError(name, f"malformed JSON: {exc}", line=lineno)]
             continue
         yield list(_json_records(name, obj, line=lineno))
@@ -194,16 +198,18 @@ def _read_json(name: str, stream: IO[bytes]) -> Iterator[list[Item]]:
 def _is_json_value(line: bytes) -> bool:
     try:
         json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return True
 
 
-def _json_records(name: str, obj: Any, *, line: int | None = None, offset: int | None = None) -> Iterator[Item]:
+def _json_records(
+    name: str, obj: Any, *, line: int | None = None, offset: int | None = None, nested: bool = False
+) -> Iterator[Item]:
     """One decoded JSON value: an OTLP/JSON request, a Jaeger response or trace, or a list of those."""
-    if isinstance(obj, list):
+    if isinstance(obj, list) and not nested:
         for item in obj:
-            yield from _json_records(name, item, line=line, offset=offset)
+            yield from _json_records(name, item, line=line, offset=offset, nested=True)
         return
     if not isinstance(obj, dict):
         yield ReadError(name, f"expected a JSON object, got {type(obj).__name__}", line, offset)
@@ -211,7 +217,7 @@ def _json_records(name: str, obj: Any, *, line: int | None = None, offset: int |
     if "resourceSpans" in obj or "resource_spans" in obj:
         yield from _otlp_json_records(name, obj, line, offset)
     elif isinstance(obj.get("result"), dict):
-        yield from _json_records(name, obj["result"], line=line, offset=offset)
+        yield from _json_records(name, obj["result"], line=line, offset=offset, nested=True)
     elif isinstance(obj.get("data"), list):
         for trace in obj["data"]:
             yield from _jaeger_records(name, trace, line, offset)
@@ -239,28 +245,47 @@ def _jaeger_records(name: str, trace: Any, line: int | None, offset: int | None)
 
 
 def _read_document(name: str, stream: io.RawIOBase) -> Iterator[list[Item]]:
-    """One JSON document (or several concatenated), streamed item by item with ijson."""
+    """One JSON document (or several concatenated), streamed item by item with ijson.
+
+    Paths are tracked here rather than by ``ijson.parse``, whose prefixes grow with nesting
+    depth on every event: a hostile document nested a million deep would cost quadratic memory.
+    """
+    path: list[str] = []  # where the parser is, as ijson prefixes spell it
     builder: Any = None
     depth = 0
     kind = ""
     found = False
     try:
-        for prefix, event, value in ijson.parse(stream, multiple_values=True, use_float=True):
+        for event, value in ijson.basic_parse(stream, multiple_values=True, use_float=True):
             if builder is None:
-                if event in ("start_map", "start_array") and prefix in _ITEM_KINDS:
+                if event == "map_key":
+                    path[-1] = value
+                    continue
+                if event in _ENDS:
+                    path.pop()
+                    continue
+                if event not in _STARTS:
+                    continue
+                prefix = ".".join(path)
+                if prefix in _ITEM_KINDS:
                     builder, depth, kind = ijson.ObjectBuilder(), 0, _ITEM_KINDS[prefix]
-                elif event == "start_map" and prefix == "":
+                elif event == "start_map" and not path:
                     # A top-level Jaeger trace is built whole; requests and responses are streamed.
                     builder, depth, kind = ijson.ObjectBuilder(), 0, "top"
                 else:
+                    if len(path) >= MAX_DEPTH:
+                        raise ValueError(f"nested deeper than {MAX_DEPTH}")
+                    path.append("item" if event == "start_array" else "")
                     continue
             builder.event(event, value)
-            if event in ("start_map", "start_array"):
+            if event in _STARTS:
                 depth += 1
-            elif event in ("end_map", "end_array"):
+                if depth > MAX_DEPTH:
+                    raise ValueError(f"nested deeper than {MAX_DEPTH}")
+            elif event in _ENDS:
                 depth -= 1
             elif kind == "top" and event == "map_key" and depth == 1 and value not in _JAEGER_TRACE_KEYS:
-                builder = None  # not a bare Jaeger trace: its items are streamed instead
+                builder, path = None, [value]  # not a bare Jaeger trace: its items are streamed instead
                 continue
             if depth == 0:
                 obj, builder = builder.value, None
@@ -270,7 +295,7 @@ def _read_document(name: str, stream: io.RawIOBase) -> Iterator[list[Item]]:
                 elif kind == "jaeger":
                     yield list(_jaeger_records(name, obj, None, None))
                 else:
-                    yield list(_json_records(name, obj))
+                    yield list(_json_records(name, obj, nested=kind == "any"))
     except ijson.common.IncompleteJSONError as exc:
         yield [ReadError(name, f"malformed JSON document: {_short(exc)}")]
         return
@@ -346,7 +371,7 @@ def _payload_records(name: str, payload: bytes, offset: int) -> list[Item]:
     if payload[:1] in _JSON_START:  # the file exporter's format: json with compression
         try:
             obj = json.loads(payload)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             return [ReadError(name, f"malformed JSON record: {exc}", offset=offset)]
         return list(_json_records(name, obj, offset=offset))
     try:

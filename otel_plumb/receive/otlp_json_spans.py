@@ -28,6 +28,8 @@ _KINDS = {
 }
 _STATUS_CODES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
 _HEX = frozenset("0123456789abcdefABCDEF")
+# What a span with values of the wrong shape raises while being read.
+_SPAN_ERRORS = (TypeError, ValueError, AttributeError, KeyError, binascii.Error, OverflowError, RecursionError)
 _DOUBLE_WORDS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
 
 
@@ -54,7 +56,7 @@ def request_spans(obj: dict[str, Any]) -> Iterator[SpanRecord | str]:
             for span in spans:
                 try:
                     yield span_record(span, resource, scope_name)
-                except (TypeError, ValueError, AttributeError, KeyError, binascii.Error, OverflowError) as exc:
+                except _SPAN_ERRORS as exc:
                     name = span.get("name") if isinstance(span, dict) else None
                     yield f"span {name!r}: {exc}"
 
