@@ -420,11 +420,13 @@ def test_single_jaeger_trace_object_and_top_level_arrays(tmp_path: Path) -> None
 
 
 def test_truncated_json_document_reports_an_error_after_what_it_read(tmp_path: Path) -> None:
-    sdk = agent_traces(3)
-    doc = json.dumps(otlp_json(sdk), indent=2)
+    traces = by_trace(agent_traces(3))
+    # one ResourceSpans per trace, as a Collector batch of three services would have
+    doc = json.dumps({"resourceSpans": [otlp_json(t)["resourceSpans"][0] for t in traces]}, indent=2)
     path = tmp_path / "cut.json"
     path.write_text(doc[: len(doc) - 40])
     spans, errors = split(list(read_spans(path)))
+    assert ids(spans) == expected_ids(traces[0] + traces[1])
     assert len(errors) == 1 and "malformed JSON document" in errors[0].message
 
 
