@@ -36,10 +36,13 @@ Evaluate = Callable[[Sequence[Trajectory]], dict[str, Any]]
 unchecked_report: Evaluate = partial(json_report.report_body, [])
 
 
-def build_report(result: ReplayResult, evaluate: Evaluate = unchecked_report) -> dict[str, Any]:
+def build_report(
+    result: ReplayResult, evaluate: Evaluate = unchecked_report, task_attributes: Sequence[str] = ()
+) -> dict[str, Any]:
+    """``task_attributes``: the policies' task keys, so coverage counts trajectories without one."""
     report = json_report.build_report(
         evaluate(result.trajectories),
-        coverage_report(result.trajectories, result.stats),
+        coverage_report(result.trajectories, result.stats, task_attributes),
         [e.record() for e in result.errors],
     )
     report["errors_total"] = result.stats.errors_total
