@@ -237,12 +237,12 @@ def test_early_failures_only_certain_fails(tmp_path):
         policy: t
         invariants:
           - {id: must, must_call: audit}
-          - {id: never, never_call: pay, when: "ctx.vendor_status == 'sanctioned'"}
+          - {id: never, never_call: pay}
+          - {id: guarded, never_call: pay, when: "ctx.vendor_status == 'sanctioned'"}
           - {id: order, precedes: {first: match, then: pay}}
           - {id: once, call_count: {tool: pay, max: 1}}
           - {id: budget, budget: {max_steps: 3}}
           - {id: scoped, never_call: pay, scope: {before: audit}}
-          - {id: guard-on-steps, never_call: pay, when: "size(steps) > 0"}
           - {id: args, arg_equals: {tool: pay, arg: amount, value: 1}}
         """,
     )
@@ -251,5 +251,5 @@ def test_early_failures_only_certain_fails(tmp_path):
     early = {v.invariant: v for v in p.early_failures(partial)}
     assert set(early) == {"never", "order", "once", "budget"}
     assert early["once"].step_index == 2 and early["order"].step_index == 1
-    assert p.early_failures(trajectory("fetch", "match", "pay")) == []
+    assert [v.invariant for v in p.early_failures(trajectory("fetch", "match", "pay"))] == ["never"]
     assert {v.invariant for v in p.evaluate(partial) if v.verdict == "fail"} >= set(early)

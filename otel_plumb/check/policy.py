@@ -116,11 +116,11 @@ class CompiledInvariant:
     @property
     def early(self) -> bool:
         """Can a fail on a partial trajectory be reported now? Only for kinds whose fails more
-        spans cannot undo, with guards that read nothing but ground truth, and scopes that
-        more spans can only widen."""
-        guard_ok = self.guard is None or not ({"steps", "trajectory"} & self.guard.variables)
+        spans cannot undo, without a ``when`` guard (the span carrying the ground truth it reads,
+        often the root, tends to arrive last) and with no scope or one that more spans can only
+        widen."""
         scope_ok = self.scope is None or self.scope.kind == "after"
-        return self.check.early and guard_ok and scope_ok
+        return self.check.early and self.guard is None and scope_ok
 
     def verdict(self, outcome: ck.Outcome) -> Verdict:
         s = outcome.step
