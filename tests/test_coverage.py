@@ -73,3 +73,13 @@ def test_coverage_of_nothing_says_so() -> None:
 def test_task_attributes_label_trajectories(tmp_path: Path) -> None:
     result = replay([small_file(tmp_path)])
     assert coverage_report(result.trajectories, task_attributes=["service.name"])["unlabelled"]["trajectories"] == 0
+
+
+def test_model_calls_without_tool_calls_are_flagged(tmp_path: Path) -> None:
+    only_chat = [s for s in agent_traces(1) if not s.name.startswith("execute_tool")]
+    path = tmp_path / "chat.json"
+    path.write_text(json.dumps(otlp_json(only_chat)))
+    cov = coverage_report(replay([path]).trajectories)
+    assert cov["model_calls_without_tool_calls"] == 1 and cov["tool_calls"]["total"] == 0
+    [note] = [n for n in cov["notes"] if n.startswith("1 of 1 trajectories have model calls but no tool call")]
+    assert CAPTURE_HINTS["otel_genai"] in note

@@ -42,6 +42,8 @@ class CoverageCounter:
         self.incomplete: Counter[str] = Counter()
         self.without_root = 0
         self.unlabelled = 0
+        # Trajectories with model calls but no tool call at all, by the model calls' convention.
+        self.llm_without_tools: Counter[str] = Counter()
         self.problems = 0
         self.problem_examples: list[str] = []
 
@@ -54,6 +56,10 @@ class CoverageCounter:
         if not any(trajectory.attributes.get(k) not in (None, "") for k in self.task_attributes):
             self.unlabelled += 1
         self.problems += len(trajectory.problems)
+        if not any(s.kind == "tool" for s in trajectory.steps):
+            llm = next((s for s in trajectory.steps if s.kind == "llm"), None)
+            if llm is not None:
+                self.llm_without_tools[llm.convention] += 1
         for p in trajectory.problems:
             if len(self.problem_examples) >= 10:
                 break
@@ -112,6 +118,7 @@ class CoverageCounter:
             "incomplete": {"trajectories": sum(self.incomplete.values()), "by_reason": dict(self.incomplete)},
             "without_root": self.without_root,
             "unlabelled": {"trajectories": self.unlabelled, "attributes": list(self.task_attributes)},
+            "model_calls_without_tool_calls": sum(self.llm_without_tools.values()),
             "problems": {"count": self.problems, "examples": list(self.problem_examples)},
             "spans_left_out": {
                 "late": stats.late_spans if stats else 0,
@@ -167,6 +174,16 @@ class CoverageCounter:
                 f"{self.tool_calls_from_output} tool calls were read from model output messages, not from tool "
                 "spans: their results and errors are known only when the next model call shows them."
             )
+        no_tools = sum(self.llm_without_tools.values())
+        if no_tools:
+            where = "; ".join(
+                f"{conv}: {hints.get(conv) or GENERIC_CAPTURE_HINT}" for conv, _ in self.llm_without_tools.most_common()
+            )
+            notes.append(
+                f"{no_tools} of {self.trajectories} trajectories have model calls but no tool call: if the agent "
+                f"used tools, they were not recorded (tool calls requested in model output need message content "
+                f"capture: {where})."
+            )
         unknown = sum(self.not_understood.values())
         if unknown:
             names = ", ".join(repr(n) for n, _ in self.not_understood.most_common(3))
@@ -199,7 +216,8 @@ class CoverageCounter:
         if stats is not None and stats.over_limit_spans:
             notes.append(f"{stats.over_limit_spans} spans were past the per-trace span limit and were left out.")
         if self.problems:
-            notes.append(f"{self.problems} values were present but not understood (see problems.examples).")
+            were = "value was" if self.problems == 1 else "values were"
+            notes.append(f"{self.problems} {were} present but not understood (see problems.examples).")
         return notes
 
 
