@@ -48,6 +48,16 @@ def state_key(state: Any) -> str | None:
     return None if state is None else arg_key(state)
 
 
+def _state(t: TrialRow) -> str | None:
+    """The trial's end-state key, as stored with the trial (computed once for older rows)."""
+    summary = t.summary if t.summary is not None else {}
+    if "state_key" not in summary:
+        summary["state_key"] = state_key((t.answer or {}).get("state"))
+        t.summary = summary
+    key: str | None = summary["state_key"]
+    return key
+
+
 def runs_needed(target: float) -> int | None:
     """Clean runs (all successes) for the Wilson lower bound to reach ``target``."""
     if not 0 < target < 1:
@@ -80,7 +90,7 @@ class Baseline:
     __slots__ = ("akeys", "path", "state", "steps", "trial_id")
 
     def __init__(self, trials: Sequence[TrialRow]) -> None:
-        states = [k for k in (state_key((t.answer or {}).get("state")) for t in trials) if k is not None]
+        states = [k for k in (_state(t) for t in trials) if k is not None]
         self.state: str | None = _mode(states) if states else None
         self.path: tuple[str, ...] | None = _mode(_path(t) for t in trials) if trials else None
         on_path = [t for t in trials if _path(t) == self.path]
@@ -109,7 +119,7 @@ def modal_states(trials: Sequence[TrialRow]) -> dict[str, str]:
     by_case: dict[str, list[str]] = defaultdict(list)
     for t in trials:
         if t.status == "ok" and t.perturbation == "baseline":
-            key = state_key((t.answer or {}).get("state"))
+            key = _state(t)
             if key is not None:
                 by_case[t.case_id].append(key)
     return {case: _mode(keys) for case, keys in by_case.items()}
@@ -205,7 +215,7 @@ def perturbation_summary(trials: Sequence[TrialRow], base: dict[tuple[str, str],
                 divergences.compare(t, b)
         else:
             divergences.compare(t, b)
-        state = state_key((t.answer or {}).get("state"))
+        state = _state(t)
         if state is not None and b.state is not None:
             with_state += 1
             agree += state == b.state
@@ -237,7 +247,7 @@ def certificate(perturbations: dict[str, dict[str, Any]], target: float) -> dict
 def trial_success(t: TrialRow, case_states: dict[str, str]) -> bool:
     """Parity's per-trial success: the end state equals the case's modal baseline state when
     the agent reports state, else critical conformance."""
-    state = state_key((t.answer or {}).get("state"))
+    state = _state(t)
     expected = case_states.get(t.case_id)
     if state is not None and expected is not None:
         return state == expected
@@ -263,10 +273,8 @@ def parity(trials: Sequence[TrialRow], arm_a: str, arm_b: str, seed: int,
         a = [t for k, t in by_key[arm_a].items() if k[0] == name]
         b = [t for k, t in by_key[arm_b].items() if k[0] == name]
         pairs = [(t, by_key[arm_b][k]) for k, t in by_key[arm_a].items() if k[0] == name and k in by_key[arm_b]]
-        outcome_n = sum(1 for x, y in pairs if state_key((x.answer or {}).get("state")) is not None
-                        and state_key((y.answer or {}).get("state")) is not None)
-        outcome_same = sum(1 for x, y in pairs if state_key((x.answer or {}).get("state")) is not None
-                           and state_key((x.answer or {}).get("state")) == state_key((y.answer or {}).get("state")))
+        outcome_n = sum(1 for x, y in pairs if _state(x) is not None and _state(y) is not None)
+        outcome_same = sum(1 for x, y in pairs if _state(x) is not None and _state(x) == _state(y))
         path_same = [(x, y) for x, y in pairs if _path(x) == _path(y)]
         args_same = sum(1 for x, y in path_same if _akeys(x) == _akeys(y))
         sa = sum(trial_success(t, case_states) for t in a)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from otel_plumb.campaign.analysis import arg_key
+from otel_plumb.campaign.analysis import arg_key, state_key
 from otel_plumb.campaign.collect import (
     EmbeddedReceiver,
     FileSource,
@@ -218,6 +218,7 @@ class CampaignRun:
             assert cached_record is not None
             record, row.traj_status, row.critical_ok, row.summary = judge(
                 trajectory_from_record(cached_record), trial, self.policies)
+            row.summary["state_key"] = state_key(answer.get("state"))
             row.status = "ok"
         else:
             trace_id = secrets.token_hex(16)
@@ -230,6 +231,7 @@ class CampaignRun:
                 trajectory = await source.trajectory(trace_id, row.trial_id, self.campaign.spec.traces.deadline_s)
                 row.trace_id = trajectory.trace_id or trace_id
                 record, row.traj_status, row.critical_ok, row.summary = judge(trajectory, trial, self.policies)
+                row.summary["state_key"] = state_key(row.answer.get("state"))
                 row.status = "ok"
                 self.store.cache_put(row.identity, row.answer, trace_id, record)
             except AgentError as e:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from otel_plumb.campaign.perturb import Discard, Variant
 
 DEFAULT_STORE = Path(".otel-plumb") / "runs.db"
@@ -181,7 +183,7 @@ class Store:
             "SELECT trial_id, identity, arm, case_id, variant_id, perturbation, rep, trace_id, status, error, "
             "answer_json, traj_status, critical_ok, summary_json, cached, duration_ms FROM trials WHERE run_id = ? "
             "ORDER BY rowid", (run_id,))
-        loads = json.loads
+        loads = orjson.loads
         for r in rows:
             yield TrialRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9],
                            loads(r[10]) if r[10] else None, r[11], None if r[12] is None else bool(r[12]),
