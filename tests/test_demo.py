@@ -26,5 +26,6 @@ def test_demo_prints_live_verdicts_and_writes_a_report(tmp_path: Path) -> None:
     assert report["report_version"] == "1"
     assert sorted(t["status"] for t in report["trajectories"]) == ["conformant"] * 3 + ["violating"] * 3
     assert report["by_invariant"]["pay-once"]["fail"] == 1
+    assert "INV-1003" in (tmp_path / "out" / "report.html").read_text()
     log = (tmp_path / "out" / "verdicts.jsonl").read_text().splitlines()
     assert len(log) == 6

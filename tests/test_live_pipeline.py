@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import grpc
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from test_live_support import (
     ROOT_KEYS,
@@ -215,3 +216,34 @@ async def test_passthrough_forwards_at_once_then_a_verdict_span(tmp_path: Path) 
         violating = attribute(root, "invoice.id") in {i.invoice_id for i in INVOICES if i.fault}
         assert attribute(v, "plumb.verdict") == ("violating" if violating else "conformant")
         assert bool(v.events) == violating
+
+
+async def test_watch_stream_is_served_on_the_otlp_grpc_port(tmp_path: Path) -> None:
+    from otel_plumb.proto_gen import watch_pb2, watch_pb2_grpc
+
+    processor = Processor(config(tmp_path, policies=[str(policy_path())]))
+    await processor.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{processor.grpc_port}") as channel:
+            stream = watch_pb2_grpc.VerdictServiceStub(channel).Watch(
+                watch_pb2.WatchRequest(statuses=["violating"], decisions=["final"])
+            )
+            await stream.initial_metadata()  # the subscription is in place
+            agent, _ = agent_provider(processor.grpc_port or 0)
+
+            def work() -> None:
+                run_all(agent)
+                agent.force_flush()
+                agent.shutdown()
+
+            await asyncio.to_thread(work)
+            cases = set()
+            async for trajectory in stream:
+                assert trajectory.status == "violating"
+                cases.add(trajectory.case_id)
+                if len(cases) == 3:
+                    break
+            stream.cancel()
+    finally:
+        await processor.stop()
+    assert cases == {"INV-1002", "INV-1003", "INV-1004"}

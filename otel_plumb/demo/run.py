@@ -24,6 +24,7 @@ from otel_plumb.demo.agent import INVOICES, run_all
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.model import Trajectory, Verdict
 from otel_plumb.processor import Processor, load_config
+from otel_plumb.report import html
 from otel_plumb.report.coverage import coverage_report
 from otel_plumb.report.json_report import build_report, report_body
 
@@ -127,7 +128,8 @@ async def run_demo(out_dir: Path, say: Callable[[str], None] = print, rounds: in
             say(f"  {line}")
     report = build_report(report_body(policies, trajectories), coverage_report(trajectories))
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
-    say(f"report: {out_dir / 'report.json'}")
+    (out_dir / "report.html").write_text(html.render(report, title="otel-plumb demo"), encoding="utf-8")
+    say(f"report: {out_dir / 'report.json'} and {out_dir / 'report.html'}")
     say(f"verdict log: {out_dir / 'verdicts.jsonl'}")
     return report
 
