@@ -1,0 +1,72 @@
+"""Metric label caps, health endpoints, and late spans (forwarded, counted, never checked twice)."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from test_live_backpressure import trace_request
+from test_live_support import config, metric, scrape, wait_until
+
+from otel_plumb.demo.backend import OtlpBackend
+from otel_plumb.export.metrics import OVERFLOW, Metrics
+from otel_plumb.processor import Processor
+
+
+def test_label_values_past_the_cap_fold_into_overflow() -> None:
+    metrics = Metrics(max_label_values=2)
+    for tool in ("a", "b", "c", "d", "a"):
+        metrics.tool_calls.labels("agent", tool, "ok").inc()
+    text = metrics.render("text/plain")[0].decode()
+    assert metric(text, "plumb_tool_calls_total", tool="a") == 2
+    assert metric(text, "plumb_tool_calls_total", tool="b") == 1
+    assert metric(text, "plumb_tool_calls_total", tool=OVERFLOW) == 2
+    assert metric(text, "plumb_tool_calls_total", tool="c") == 0
+
+
+def _status(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+async def test_health_and_readiness(tmp_path: Path) -> None:
+    processor = Processor(config(tmp_path))
+    await processor.start()
+    port = processor.metrics_port or 0
+    try:
+        assert await asyncio.to_thread(_status, port, "/healthz") == 200
+        assert await asyncio.to_thread(_status, port, "/readyz") == 200
+        processor._stopping = True  # what stop() sets first: receivers refuse, readiness goes
+        assert await asyncio.to_thread(_status, port, "/readyz") == 503
+        processor._stopping = False
+    finally:
+        await processor.stop()
+
+
+async def test_late_spans_are_forwarded_and_counted(tmp_path: Path) -> None:
+    backend = OtlpBackend()
+    await backend.start(0)
+    processor = Processor(config(tmp_path, backend.endpoint))
+    await processor.start()
+    try:
+        first = trace_request(tools=2)
+        await processor.ingest(first, "grpc")
+        await wait_until(lambda: backend.span_count == 3, 5, "the trace decided and exported")
+        late = trace_request(tools=1, trace_id=first.resource_spans[0].scope_spans[0].spans[0].trace_id)
+        await processor.ingest(late, "http")
+        await wait_until(lambda: backend.span_count == 5, 5, "late spans forwarded")
+        text = await asyncio.to_thread(scrape, processor.metrics_port or 0)
+    finally:
+        await processor.stop()
+        await backend.stop()
+    assert metric(text, "plumb_spans_unchecked_total", reason="late") == 2
+    assert metric(text, "plumb_trajectories_total") == 1
+    late_ids = {s.span_id for s in late.resource_spans[0].scope_spans[0].spans}
+    forwarded = [s for s in backend.spans() if s.span_id in late_ids]
+    assert len(forwarded) == 2 and all(not s.events and not any(a.key.startswith("plumb.v") for a in s.attributes)
+                                       for s in forwarded)
