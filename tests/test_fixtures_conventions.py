@@ -33,12 +33,15 @@ CONVENTIONS = {
     "openai_v2_no_content": "otel_genai",
     "openinference_langchain": "openinference",
     "openinference_openai": "openinference",
+    "openllmetry_openai": "otel_genai",
     "otel_genai_events": "otel_genai",
     "otel_genai_redacted": "otel_genai",
     "pydantic_ai_v1": "pydantic_ai",
     "pydantic_ai_v2": "pydantic_ai",
     "pydantic_ai_v5": "pydantic_ai",
     "strands": "strands",
+    "strands_openai": "strands",
+    "strands_openai_latest": "strands",
     "traceloop": "traceloop",
     "vercel_ai": "vercel_ai",
 }
@@ -82,7 +85,19 @@ def test_fixture_gives_the_expected_tool_steps(name):
     assert t.attributes.get("service.name") == "billing-agent"
 
 
-@pytest.mark.parametrize("name", ["pydantic_ai_v2", "pydantic_ai_v5", "vercel_ai", "mcp", "langfuse", "mlflow"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "pydantic_ai_v2",
+        "pydantic_ai_v5",
+        "strands_openai",
+        "strands_openai_latest",
+        "vercel_ai",
+        "mcp",
+        "langfuse",
+        "mlflow",
+    ],
+)
 def test_failed_calls_carry_the_error_message(name):
     _, spans = load(name)
     failed = [s for s in trajectory(spans).tool_steps if s.error is not None]
@@ -98,6 +113,7 @@ def test_failed_calls_carry_the_error_message(name):
         ("pydantic_ai_v5", "billing", None),  # session: a generated gen_ai.conversation.id, checked below
         ("vercel_ai", "billing-agent", "sess-vercel-1"),
         ("strands", "billing", "sess-strands-1"),
+        ("strands_openai", "billing", "sess-strands-1"),
         ("google_adk", "billing", "sess-adk-1"),
         ("mcp", "billing", "conv-mcp-1"),
         ("traceloop", None, "sess-tl-1"),
@@ -122,7 +138,7 @@ def test_pydantic_ai_session_is_the_conversation_id():
     assert len(conversation) == 1 and trajectory(spans).session_id == conversation.pop()
 
 
-@pytest.mark.parametrize("name", ["openai_v2", "openinference_openai"])
+@pytest.mark.parametrize("name", ["openai_v2", "openinference_openai", "openllmetry_openai"])
 def test_requested_calls_become_steps_with_the_results_given_back(name):
     _, spans = load(name)
     t = trajectory(spans)
@@ -167,3 +183,10 @@ def test_events_form_fills_arguments_and_results_by_call_id():
     lookup, payment = trajectory(spans).tool_steps
     assert lookup.args_source == "llm_output" and lookup.source == "span"
     assert lookup.result_status == "captured" and payment.result["status"] == "paid"
+
+
+@pytest.mark.parametrize("name", ["strands_openai", "strands_openai_latest", "mcp"])
+def test_results_in_content_blocks_are_unwrapped(name):
+    _, spans = load(name)
+    lookup = trajectory(spans).tool_steps[0]
+    assert lookup.result == {"invoice_id": "INV-1042", "amount": 120.5, "currency": "EUR", "status": "open"}

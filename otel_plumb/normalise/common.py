@@ -229,7 +229,7 @@ def set_result(out: NormalisedSpan, raw: Any, source: str) -> bool:
         return False
     out.result_status = d.status
     if d.status == "captured":
-        out.result = d.value
+        out.result = unwrap_content(d.value)
     elif d.status == "undecodable":
         out.problems.append(f"{source}: {d.reason}")
     return True
@@ -315,4 +315,24 @@ def unwrap_call(value: Any) -> Any:
             inner = decode(value["input"]).value
             if isinstance(inner, dict):
                 return inner
+    return value
+
+
+_MCP_RESULT_KEYS = frozenset({"content", "isError", "structuredContent", "_meta"})
+
+
+def unwrap_content(value: Any) -> Any:
+    """Tool results wrapped in content blocks -> the content: ``[{"text": "<json>"}]`` (Strands,
+    Bedrock) and MCP's ``{"content": [{"type": "text", "text": ...}], "isError": ...}`` (its
+    ``structuredContent`` when present). Anything else is returned as it is."""
+    if isinstance(value, dict) and "content" in value and value.keys() <= _MCP_RESULT_KEYS:
+        if "structuredContent" in value:
+            return value["structuredContent"]
+        value = value["content"]
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict):
+        block = value[0]
+        text = block.get("text")
+        if isinstance(text, str) and block.keys() <= {"text", "type"}:
+            d = decode(text)
+            return d.value if d.status == "captured" else text
     return value
