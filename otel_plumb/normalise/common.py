@@ -117,12 +117,21 @@ def error_of(span: SpanRecord) -> str | None:
     if span.status_code != STATUS_ERROR and exc is None and not error_type:
         return None
     if span.status_message:
-        return span.status_message
+        return error_line(span.status_message)
     if exc is not None:
         message = exc.attributes.get("exception.message") or exc.attributes.get("exception.type")
         if message:
-            return str(message)
+            return error_line(str(message))
     return str(error_type) if error_type else "error"
+
+
+_MAX_ERROR_CHARS = 300
+
+
+def error_line(message: str) -> str:
+    """The first line of an error message (some instrumentations append the traceback), bounded."""
+    line = next((part.strip() for part in message.splitlines() if part.strip()), "") or "error"
+    return line if len(line) <= _MAX_ERROR_CHARS else line[: _MAX_ERROR_CHARS - 1] + "…"
 
 
 def tokens_of(a: Mapping[str, Any]) -> int | None:

@@ -22,7 +22,7 @@ from typing import Any
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, StepKind
 from otel_plumb.normalise import genai
-from otel_plumb.normalise.common import as_int, first_str, set_args, set_result, unwrap_call
+from otel_plumb.normalise.common import as_int, error_line, first_str, set_args, set_result, unwrap_call
 from otel_plumb.normalise.values import decode
 
 LANGSMITH_KINDS: dict[str, StepKind] = {"tool": "tool", "llm": "llm", "chat_model": "llm"}
@@ -60,7 +60,8 @@ def read_langfuse(span: SpanRecord, out: NormalisedSpan) -> None:
     out.kind = LANGFUSE_KINDS.get(str(a.get("langfuse.observation.type")), "other")
     _read_payloads(out, a, "langfuse.observation.input", "langfuse.observation.output")
     if str(a.get("langfuse.observation.level")).upper() == "ERROR":
-        out.error = first_str(a, ("langfuse.observation.status_message",)) or span.status_message or "error"
+        message = first_str(a, ("langfuse.observation.status_message",)) or span.status_message
+        out.error = error_line(message) if message else "error"
     if out.kind == "llm":
         out.name = first_str(a, ("langfuse.observation.model.name", "gen_ai.request.model")) or out.name
         usage = decode(a.get("langfuse.observation.usage_details")).value
