@@ -146,14 +146,13 @@ def _test(
     minimize: bool | None,
 ) -> None:
     from otel_plumb.decision.contract import load_contract
-    from otel_plumb.decision.engine import run_contract
     from otel_plumb.decision.render import render_report
-    from otel_plumb.decision.report import build_report
+    from otel_plumb.decision.report import run_and_report
 
     with _errors():
         loaded = load_contract(contract)
-        outcome = _run(
-            lambda: run_contract(
+        report = _run(
+            lambda: run_and_report(
                 loaded,
                 dataset=dataset,
                 backend=backend,
@@ -165,7 +164,6 @@ def _test(
                 minimize=minimize,
             )
         )
-        report = build_report(outcome)
         _emit(report, fmt, output, render_report)
     _finish(report["status"], fail_on_warn)
 

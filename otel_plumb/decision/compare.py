@@ -59,10 +59,11 @@ def compare(before: Result, after: Result, config: PropertyConfig) -> Comparison
         flipped = moved < 0 if config.direction == "increasing" else moved > 0
     else:
         flipped = selected_after != before.selected
+    tv, js, max_abs = dist.distances(p, q, labels)
     return Comparison(
-        tv_distance=dist.tv_distance(p, q, labels),
-        js_divergence=dist.js_divergence(p, q, labels),
-        max_abs_delta=dist.max_abs_delta(p, q, labels),
+        tv_distance=tv,
+        js_divergence=js,
+        max_abs_delta=max_abs,
         confidence_delta=q[selected_after] - p[before.selected],
         selected_before=before.selected,
         selected_after=selected_after,
@@ -92,7 +93,7 @@ def tolerance_violations(config: PropertyConfig, c: Comparison) -> list[str]:
             ]
         return []
     out = []
-    for key, limit in config.tolerances().items():
+    for key, limit in config.limits:
         metric, value_of = _VALUES[key]
         value = value_of(c)
         if value > limit:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -185,6 +186,11 @@ class _Property(Strict):
 
     def tolerances(self) -> dict[str, float]:
         return {}
+
+    @cached_property
+    def limits(self) -> tuple[tuple[str, float], ...]:
+        """``tolerances()`` computed once: it is consulted for every transformed case."""
+        return tuple(self.tolerances().items())
 
 
 class _Distribution(_Property):

@@ -129,9 +129,9 @@ def _compare_cases(
                 }
             )
         else:
-            distance = dist.tv_distance(b.probabilities, c.probabilities, labels)
+            distance, divergence, _ = dist.distances(b.probabilities, c.probabilities, labels)
             tv.append(distance)
-            js.append(dist.js_divergence(b.probabilities, c.probabilities, labels))
+            js.append(divergence)
             conf.append(c.confidence - b.confidence)
             if b.selected != c.selected:
                 tally["answer_flips"] += 1

@@ -140,6 +140,16 @@ def validate_probabilities(
     labels: tuple[str, ...], raw: Mapping[str, Any], *, tolerance: float = DEFAULT_TOLERANCE
 ) -> dict[str, float]:
     """``raw`` as a distribution over exactly ``labels`` in that order. Never rescaled or clipped."""
+    if type(raw) is dict and len(raw) == len(labels):
+        # Fast path for the common well-formed answer; anything unusual takes the checks below.
+        try:
+            ordered = {label: raw[label] for label in labels}
+        except KeyError:
+            ordered = {}
+        if ordered and all(type(v) is float and 0.0 <= v < math.inf for v in ordered.values()):
+            total = math.fsum(ordered.values())
+            if abs(total - 1.0) <= tolerance:
+                return ordered
     if not isinstance(raw, Mapping):
         raise InvalidResponse(f"probabilities must be an object, got {type(raw).__name__}")
     missing = [label for label in labels if label not in raw]
@@ -191,5 +201,5 @@ def build_result(
         prediction.model or model,
         prediction.model_version,
         latency_ms,
-        redact(dict(prediction.metadata)),
+        redact(dict(prediction.metadata)) if prediction.metadata else {},
     )

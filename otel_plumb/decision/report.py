@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import to_json
 
 from otel_plumb import __version__ as OTEL_PLUMB_VERSION
 from otel_plumb.decision import DECGUARD_COMPAT_VERSION
@@ -41,7 +42,9 @@ from otel_plumb.decision.engine import (
     RunOutcome,
     Skip,
     judge_pair,
+    paused_gc,
     references,
+    run_contract,
 )
 from otel_plumb.decision.errors import ReportError
 from otel_plumb.decision.model import Case, CaseError, DecisionInput, Outcome, Record, Result, validate_probabilities
@@ -492,6 +495,17 @@ def assemble(
 
 
 def build_report(outcome: RunOutcome) -> dict[str, Any]:
+    with paused_gc():
+        return _build_report(outcome)
+
+
+async def run_and_report(loaded: LoadedContract, **options: Any) -> dict[str, Any]:
+    """One command-line run: decide, fuzz and build the report with the collector paused."""
+    with paused_gc(freeze=True):
+        return build_report(await run_contract(loaded, **options))
+
+
+def _build_report(outcome: RunOutcome) -> dict[str, Any]:
     loaded, contract = outcome.loaded, outcome.loaded.contract
     spec = contract.spec()
     header = {
@@ -529,8 +543,9 @@ def build_report(outcome: RunOutcome) -> dict[str, Any]:
     )
 
 
-def dumps(report: Mapping[str, Any]) -> str:
-    return json.dumps(report, indent=2, ensure_ascii=False)
+def dumps(report: Mapping[str, Any], *, indent: bool = True) -> str:
+    # pydantic-core's serializer: the standard library's is pure Python once indent is set.
+    return to_json(report, indent=2 if indent else None).decode("utf-8")
 
 
 def write_report(report: Mapping[str, Any], path: str | Path) -> None:
@@ -834,8 +849,8 @@ def load_report(path: str | Path) -> StoredReport:
     except (OSError, UnicodeDecodeError) as exc:
         raise ReportError(f"{path}: cannot read report: {exc}") from exc
     try:
-        data = json.loads(text)
-        return verify(data)
+        with paused_gc():
+            return verify(json.loads(text))
     except ValueError as exc:
         raise ReportError(f"{path}: not a valid DecGuard {REPORT_VERSION} report: {exc}") from exc
 

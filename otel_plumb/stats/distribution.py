@@ -10,27 +10,23 @@ import math
 from collections.abc import Mapping, Sequence
 
 
-def tv_distance(p: Mapping[str, float], q: Mapping[str, float], labels: Sequence[str]) -> float:
-    """Total variation distance, half the L1 distance, in [0, 1]."""
-    return min(1.0, 0.5 * math.fsum(abs(p[label] - q[label]) for label in labels))
+def distances(p: Mapping[str, float], q: Mapping[str, float], labels: Sequence[str]) -> tuple[float, float, float]:
+    """(total variation distance, Jensen-Shannon divergence in bits, largest single-label change).
 
-
-def max_abs_delta(p: Mapping[str, float], q: Mapping[str, float], labels: Sequence[str]) -> float:
-    """Largest change of any single label's probability."""
-    return max(abs(p[label] - q[label]) for label in labels)
-
-
-def js_divergence(p: Mapping[str, float], q: Mapping[str, float], labels: Sequence[str]) -> float:
-    """Jensen-Shannon divergence in bits, in [0, 1]: symmetric and finite for any inputs."""
+    TV is half the L1 distance, in [0, 1]. JS is symmetric, finite for any inputs and in [0, 1].
+    One pass over the labels: this runs for every transformed case.
+    """
+    deltas: list[float] = []
     terms: list[float] = []
     for label in labels:
         a, b = p[label], q[label]
+        deltas.append(abs(a - b))
         m = (a + b) / 2.0
         if a > 0.0:
             terms.append(0.5 * a * math.log2(a / m))
         if b > 0.0:
             terms.append(0.5 * b * math.log2(b / m))
-    return min(1.0, max(0.0, math.fsum(terms)))
+    return min(1.0, 0.5 * math.fsum(deltas)), min(1.0, max(0.0, math.fsum(terms))), max(deltas)
 
 
 def expected_level(p: Mapping[str, float], labels: Sequence[str]) -> float:
@@ -40,8 +36,8 @@ def expected_level(p: Mapping[str, float], labels: Sequence[str]) -> float:
 
 def ranking(p: Mapping[str, float], labels: Sequence[str]) -> tuple[str, ...]:
     """Labels from most to least probable; ties keep the given order."""
-    position = {label: index for index, label in enumerate(labels)}
-    return tuple(sorted(labels, key=lambda label: (-p[label], position[label])))
+    # A stable sort keeps ties in the given order, also with reverse=True.
+    return tuple(sorted(labels, key=p.__getitem__, reverse=True))
 
 
 def select_label(labels: Sequence[str], p: Mapping[str, float]) -> str:

@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import re
+from functools import lru_cache
 
 from pydantic import Field
 
@@ -40,6 +41,7 @@ def input_text(value: DecisionInput) -> str:
     )
 
 
+@lru_cache(maxsize=16384)
 def _normalize(text: str) -> str:
     return " ".join(text.split()).casefold()
 
@@ -47,16 +49,20 @@ def _normalize(text: str) -> str:
 _ENUMERATOR = re.compile(r"^(?:[A-Za-z]|\d{1,3})[).:]\s+")
 
 
+@lru_cache(maxsize=4096)
 def semantic_label(shown: str) -> str:
     """``"B) Refund"``, ``'"refund"'``, ``"REFUND"`` and ``"[refund]"`` all mean ``refund``."""
     return _ENUMERATOR.sub("", shown.strip()).strip("\"'[]").strip().casefold()
 
 
+@lru_cache(maxsize=65536)
+def _weight(seed: int, text: str, label: str) -> float:
+    # Cached: reordered and reformatted options of one input hash the same (text, meaning) pairs.
+    return int.from_bytes(hashlib.sha256(f"{seed}\x1f{text}\x1f{label}".encode()).digest()[:8], "big") / 2**64 + 1e-3
+
+
 def hashed_distribution(text: str, labels: tuple[str, ...], seed: int) -> dict[str, float]:
-    weights = [
-        int.from_bytes(hashlib.sha256(f"{seed}\x1f{text}\x1f{label}".encode()).digest()[:8], "big") / 2**64 + 1e-3
-        for label in labels
-    ]
+    weights = [_weight(seed, text, label) for label in labels]
     total = math.fsum(weights)
     return {label: weight / total for label, weight in zip(labels, weights, strict=True)}
 
