@@ -143,13 +143,12 @@ def validate_probabilities(
     if type(raw) is dict and len(raw) == len(labels):
         # Fast path for the common well-formed answer; anything unusual takes the checks below.
         try:
-            ordered = {label: raw[label] for label in labels}
+            quick: dict[str, float] = {label: raw[label] for label in labels}
         except KeyError:
-            ordered = {}
-        if ordered and all(type(v) is float and 0.0 <= v < math.inf for v in ordered.values()):
-            total = math.fsum(ordered.values())
-            if abs(total - 1.0) <= tolerance:
-                return ordered
+            quick = {}
+        if quick and all(type(v) is float and 0.0 <= v < math.inf for v in quick.values()):
+            if abs(math.fsum(quick.values()) - 1.0) <= tolerance:
+                return quick
     if not isinstance(raw, Mapping):
         raise InvalidResponse(f"probabilities must be an object, got {type(raw).__name__}")
     missing = [label for label in labels if label not in raw]
