@@ -33,8 +33,9 @@ class Origin:
         self.scope_spans = scope_spans
 
 
-# What the assembler keeps per span so it can be forwarded unchanged.
-Payload = tuple[Span, Origin]
+# What the assembler keeps per span so it can be forwarded unchanged: the span, where it came
+# from, and its span id in hex (as verdicts name it; read once at receipt).
+Payload = tuple[Span, Origin, str]
 
 
 def _text(value: Any) -> str:
@@ -76,13 +77,16 @@ def annotate(
     violation localised to no step (a missing call) goes on the root span.
     """
     failures = [v for v in verdicts if v.verdict == "fail"]
-    by_id = {span.span_id.hex(): span for span, _ in payloads}
-    root = by_id.get(trajectory.root_span_id or "")
+    root_id = trajectory.root_span_id
+    root = next((span for span, _, span_id in payloads if span_id == root_id), None) if root_id else None
     if root is None and payloads:
         # No root received: the earliest span stands for the trajectory.
-        root = min((span for span, _ in payloads), key=lambda s: s.start_time_unix_nano)
+        root = min((span for span, _, _ in payloads), key=lambda s: s.start_time_unix_nano)
     if root is not None:
         root.attributes.extend(to_key_values(trajectory_attributes(status, policies, failures)))
+    if not failures:
+        return
+    by_id = {span_id: span for span, _, span_id in payloads}
     offending: dict[int, tuple[Span, list[Verdict]]] = {}
     for v in failures:
         span = by_id.get(v.span_id or "") or root
@@ -105,7 +109,7 @@ def build_requests(payloads: Iterable[Payload], max_spans: int) -> list[tuple[Ex
     count = 0
     groups: dict[int, ResourceSpans] = {}
     scopes: dict[tuple[int, int], ScopeSpans] = {}
-    for span, origin in payloads:
+    for span, origin, _ in payloads:
         if count >= max_spans:
             out.append((request, count))
             request, count, groups, scopes = ExportTraceServiceRequest(), 0, {}, {}

@@ -223,14 +223,14 @@ class Processor:
                         rejected += 1
                         continue
                     accepted += 1
-                    payload: Payload = (span, origin)
                     try:
                         normalised = normalise(span_record(span, resource, scope_name))
                     except Exception:  # a span nobody can read is still forwarded, never lost
                         log.exception("cannot read span %s; forwarding it unchecked", span.span_id.hex())
                         self.metrics.spans_unchecked.labels("unreadable").inc()
-                        forward.append(payload)
+                        forward.append((span, origin, span.span_id.hex()))
                         continue
+                    payload: Payload = (span, origin, normalised.span_id)
                     outcome, evicted = self.assembler.add(normalised, payload, now)
                     finished.extend(evicted)
                     if outcome is AddOutcome.ACCEPTED:
