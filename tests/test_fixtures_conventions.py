@@ -28,6 +28,7 @@ CONVENTIONS = {
     "langfuse": "langfuse",
     "langsmith": "langsmith",
     "mcp": "mcp",
+    "mcp_sdk": "mcp",
     "mlflow": "mlflow",
     "openai_v2": "otel_genai",
     "openai_v2_no_content": "otel_genai",
@@ -80,7 +81,7 @@ def test_fixture_gives_the_expected_tool_steps(name):
     for step in t.tool_steps:
         assert step.convention == CONVENTIONS[name]
         assert (step.args_status == "captured") == (step.args is not None)
-        assert step.args_source is not None
+        assert (step.args_source is None) == (step.args_status == "absent")
     assert CONVENTIONS[name] in CAPTURE_HINTS
     assert t.attributes.get("service.name") == "billing-agent"
 
@@ -190,3 +191,11 @@ def test_results_in_content_blocks_are_unwrapped(name):
     _, spans = load(name)
     lookup = trajectory(spans).tool_steps[0]
     assert lookup.result == {"invoice_id": "INV-1042", "amount": 120.5, "currency": "EUR", "status": "open"}
+
+
+def test_mcp_sdk_spans_name_tools_and_failures_but_carry_no_arguments():
+    _, spans = load("mcp_sdk")
+    t = trajectory(spans)
+    assert [s.args_status for s in t.tool_steps] == ["absent", "absent", "absent"]
+    assert [s.error for s in t.tool_steps] == [None, "tool_error", None]
+    assert [s.name for s in t.steps if s.kind == "other"] == ["server/discover", "tools/list"]
