@@ -26,6 +26,7 @@ NAMES = sorted(p.name.removesuffix(".expected.json") for p in FIXTURES.glob("*.e
 CONVENTIONS = {
     "google_adk": "google_adk",
     "langfuse": "langfuse",
+    "langfuse_sdk": "langfuse",
     "langsmith": "langsmith",
     "mcp": "mcp",
     "mcp_sdk": "mcp",
@@ -120,6 +121,7 @@ def test_failed_calls_carry_the_error_message(name):
         ("traceloop", None, "sess-tl-1"),
         ("langsmith", None, "thread-ls-1"),
         ("langfuse", "billing-agent", "sess-lf-1"),
+        ("langfuse_sdk", "billing-agent", "sess-lf-1"),
         ("openinference_langchain", "billing_agent", None),
     ],
 )
