@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from otel_plumb.model.span import STATUS_ERROR, SpanEvent, SpanRecord
+from otel_plumb.model.span import STATUS_ERROR, SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, RequestedCall
 from otel_plumb.normalise.values import decode
 
@@ -264,10 +264,6 @@ def first_str(a: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:
         if s:
             return s
     return None
-
-
-def events_named(span: SpanRecord, name: str) -> list[SpanEvent]:
-    return [e for e in span.events if e.name == name]
 
 
 def name_after(span_name: str, prefix: str) -> str | None:

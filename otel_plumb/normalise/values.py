@@ -135,10 +135,3 @@ def _parse_structured(s: str) -> Any:
             pass
     msg = json_error.msg if isinstance(json_error, json.JSONDecodeError) else type(json_error).__name__
     return _Failure(f"neither JSON nor a Python literal ({msg})")
-
-
-def decode_text_only(raw: Any) -> Any:
-    """A value decoded if it is cleanly decodable, else None: for secondary fields (messages,
-    usage blobs) where a failure is not worth a problem line of its own."""
-    d = decode(raw)
-    return d.value if d.status == "captured" else None
