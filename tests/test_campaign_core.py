@@ -287,3 +287,73 @@ def test_gate_checks_the_certificate_and_violations_by_severity():
     assert any("no trajectory" in f for f in campaign_gate_failures(report, 0.5, None, None))
     with pytest.raises(ValueError):
         campaign_gate_failures(report, None, None, "severe")
+
+
+# ---- OpenAI-compatible paraphraser and judge ----------------------------------------------------
+
+class _FakeChat:
+    """A local OpenAI-compatible /chat/completions endpoint (stdlib HTTP server in a thread)."""
+
+    def __init__(self, answer):
+        import http.server
+        import threading
+
+        self.requests = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(body)
+                data = json.dumps({"model": "served-model", "system_fingerprint": "fp_123",
+                                   "choices": [{"message": {"role": "assistant", "content": answer(body)}}]})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(data.encode())
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_openai_paraphraser_records_model_and_fingerprint_and_the_judge_guards(tmp_path):
+    texts = iter(["Kindly pay invoice INV-7001 (£4,500.00, PO-501).", "Pay invoice INV-9999 for £1."] * 3)
+    gen = _FakeChat(lambda body: next(texts))
+    judge = _FakeChat(lambda body: "yes" if "INV-7001" in body["messages"][1]["content"].split("B:")[1] else "no")
+    try:
+        body = (f"perturbations:\n  paraphrase:\n    source: {{provider: openai, base_url: '{gen.url}', model: m1,"
+                f" candidates: 2}}\n    samples: 2\n"
+                f"    guard: {{provider: judge, base_url: '{judge.url}', model: m2}}\n")
+        campaign = load_campaign(write_campaign(tmp_path, body))
+        from otel_plumb.campaign.engine import CampaignRun
+        from otel_plumb.campaign.store import Store
+
+        variants, discards = CampaignRun(campaign, Store(tmp_path / "s.db")).generate()
+    finally:
+        gen.close()
+        judge.close()
+    (variant,) = variants
+    step = variant.steps[0]
+    assert step["text"] == "Kindly pay invoice INV-7001 (£4,500.00, PO-501)."
+    assert (step["source"], step["model"], step["system_fingerprint"]) == ("openai", "served-model", "fp_123")
+    assert len(discards) == 1 and "judge m2 said the meaning differs" in discards[0].reason
+    assert len(gen.requests) == 2 and len({r["seed"] for r in gen.requests}) == 2  # seeded from the stream
+    assert all(r["model"] == "m2" for r in judge.requests)
+
+
+def test_unknown_paraphrase_provider_is_refused(tmp_path):
+    body = "perturbations:\n  paraphrase: {source: {provider: nonesuch}}\n"
+    campaign = load_campaign(write_campaign(tmp_path, body))
+    from otel_plumb.campaign.paraphrase import make_paraphraser
+
+    with pytest.raises(CampaignError, match="unknown paraphrase provider 'nonesuch'"):
+        make_paraphraser(campaign, campaign.spec.perturbations.paraphrase)

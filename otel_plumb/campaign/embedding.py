@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 
 class EmbeddingUnavailable(RuntimeError):
@@ -52,6 +53,10 @@ class MiniLM:
         self.layers = int(config["num_hidden_layers"])
         self.eps = float(config["layer_norm_eps"])
         self.w: dict[str, Any] = load_file(str(model_dir / "model.safetensors"))
+        # Linear layers pre-transposed and contiguous: multiplying by a transposed view makes
+        # numpy fall back to a slow path (tens of ms per layer instead of well under one).
+        for name in [n for n in self.w if n.startswith("encoder.") and n.endswith(".weight") and self.w[n].ndim == 2]:
+            self.w[name + ".T"] = np.ascontiguousarray(self.w.pop(name).T)
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length=256)  # the model's max_seq_length
         self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
@@ -59,8 +64,13 @@ class MiniLM:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """Unit-length embeddings, one row per text."""
-        with self._lock:  # the tokenizer's padding state is shared
-            enc = self.tokenizer.encode_batch(texts)
+        # Matrices this small gain nothing from BLAS threads, and on a busy machine the
+        # threads' spinning costs 10x: one thread.
+        with self._lock, threadpool_limits(1, user_api="blas"):
+            return self._encode(texts)
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        enc = self.tokenizer.encode_batch(texts)
         ids = np.array([e.ids for e in enc], dtype=np.int64)
         mask = np.array([e.attention_mask for e in enc], dtype=np.float32)
         w = self.w
@@ -78,8 +88,9 @@ class MiniLM:
             p = f"encoder.layer.{i}."
 
             def lin(t: np.ndarray, name: str, p: str = p) -> np.ndarray:
-                out: np.ndarray = t @ w[p + name + ".weight"].T + w[p + name + ".bias"]
-                return out
+                weight = w[p + name + ".weight.T"]
+                out: np.ndarray = (t.reshape(-1, t.shape[-1]) @ weight).reshape(*t.shape[:-1], weight.shape[1])
+                return out + w[p + name + ".bias"]
 
             def split(t: np.ndarray) -> np.ndarray:
                 return t.reshape(batch, seq, self.heads, hd).transpose(0, 2, 1, 3)

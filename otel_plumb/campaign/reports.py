@@ -87,7 +87,7 @@ body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1d2330;max-width:115
 h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #dde}
 table{border-collapse:collapse;margin:8px 0}
 td,th{border:1px solid #dde;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f3f5fa}.num{text-align:right;font-variant-numeric:tabular-nums}.bad{color:#b3261e;font-weight:600}
+th{background:#f3f5fa}.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}.bad{color:#b3261e;font-weight:600}
 .ok{color:#1b7f3b}.muted{color:#667}.diff{background:#fff1ef}.err{color:#b3261e}code{font-size:12px}
 .cert{font-size:16px;padding:8px 12px;background:#f3f5fa;display:inline-block;border-radius:6px}
 """
@@ -138,8 +138,8 @@ def _cell(r: dict[str, Any] | None) -> str:
     if not r or r.get("rate") is None:
         return '<td class="num muted">n/a</td>'
     cls = "num" + (" bad" if r["rate"] < 1 else "")
-    return (f'<td class="{cls}" title="{r["successes"]}/{r["n"]}">{100 * r["rate"]:.1f}% '
-            f'<span class="muted">[{100 * r["lo"]:.1f}, {100 * r["hi"]:.1f}] n={r["n"]}</span></td>')
+    return (f'<td class="{cls}" title="{r["successes"]}/{r["n"]}">{100 * r["rate"]:.1f}%<br>'
+            f'<small class="muted">[{100 * r["lo"]:.1f}, {100 * r["hi"]:.1f}] n={r["n"]}</small></td>')
 
 
 def render_html(report: dict[str, Any]) -> str:
