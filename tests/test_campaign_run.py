@@ -234,6 +234,18 @@ async def test_resume_after_an_interrupted_run_and_the_answer_cache(tmp_path, mo
     assert len(calls(tmp_path)) == before + 16
 
 
+async def test_trial_limit_stops_the_run_as_partial(tmp_path):
+    path = setup_campaign(tmp_path, "  naive: {python: {callable: 'counting:run_naive'}}\n",
+                          "  baseline: {repeats: 4}\n", cases=1)
+    path.write_text(path.read_text().replace("limits: {concurrency: 4}", "limits: {concurrency: 2, max_trials: 3}"))
+    store = Store(tmp_path / "runs.db")
+    runner = CampaignRun(load_campaign(path), store)
+    run_id = runner.start()
+    outcome = await runner.execute(run_id)
+    assert (outcome.status, outcome.ran, len(calls(tmp_path))) == ("partial", 3, 3)
+    assert store.run(run_id).status == "partial"
+
+
 async def test_trajectories_from_a_running_processor_watch_stream(tmp_path, monkeypatch):
     from otel_plumb.processor import Processor, load_config
 
@@ -297,6 +309,10 @@ def test_cli_run_report_parity_show_replay_minimise(tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["campaign_report_version"] == "1" and set(report["arms"]) == {"naive", "retry"}
     run_id = report["run_id"]
+    res = cli_runner.invoke(cli, ["gate", str(tmp_path / "r.json"), "--min-bound", "0.01"])
+    assert res.exit_code == 1 and "arm naive" in res.output
+    res = cli_runner.invoke(cli, ["gate", str(tmp_path / "r.json"), "--min-bound", "0.0"])
+    assert res.exit_code == 0, res.output
     res = cli_runner.invoke(cli, ["campaign", "report", run_id[:10], "--store", db])
     assert res.exit_code == 0 and "certificate" in res.output
     res = cli_runner.invoke(cli, ["campaign", "parity", run_id, "naive", "retry", "--store", db])
