@@ -1,0 +1,216 @@
+"""The same DecGuard contracts run by ``decguard`` 0.1.1 itself and by otel-plumb: same contract
+hash, same decisions, transformations, comparisons, gate statuses and rates. Only timings, our
+added fields and our extra minimisations (monotonic) may differ."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from decguard.contracts import load_contract as dg_load_contract
+from decguard.engine import run_test as dg_run_test
+from decguard.fuzz.replay import replay as dg_replay
+from decguard.production.engine import run_check as dg_run_check
+from decguard.regression.diff import load_and_diff as dg_diff
+from decguard.reports.model import write_report as dg_write_report
+
+from otel_plumb.cli.decision import decision
+from otel_plumb.decision.contract import load_contract
+from otel_plumb.decision.diff import diff_reports
+from otel_plumb.decision.engine import run_contract
+from otel_plumb.decision.production import run_check
+from otel_plumb.decision.replay import replay_failures
+from otel_plumb.decision.report import EXTENSION_KEYS, build_report, load_report, write_report
+
+FIXTURES = Path(__file__).parent / "decision_fixtures"
+CONTRACTS = ["triage_choice.yaml", "eligibility_noul.yaml", "severity_score.yaml"]
+VOLATILE = {
+    "created_at",
+    "latency_ms",
+    "mean_ms",
+    "p50_ms",
+    "p90_ms",
+    "p95_ms",
+    "p99_ms",
+    "max_ms",
+    "decguard_version",
+    "latency_p50_ms",
+    "latency_p95_ms",
+    "source",
+    "path",
+}
+
+
+def differences(ours: Any, theirs: Any, path: str = "") -> list[str]:
+    """Where two JSON documents differ, ignoring timings, paths and the keys we add."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        out = []
+        for key in set(ours) | set(theirs):
+            if key in EXTENSION_KEYS or key in VOLATILE:
+                continue
+            if key not in ours or key not in theirs:
+                out.append(f"{path}.{key}: only in {'ours' if key in ours else 'decguard'}")
+            else:
+                out += differences(ours[key], theirs[key], f"{path}.{key}")
+        return out
+    if isinstance(ours, list) and isinstance(theirs, list):
+        if len(ours) != len(theirs):
+            return [f"{path}: {len(ours)} vs {len(theirs)} entries"]
+        return [d for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) for d in differences(a, b, f"{path}.{i}")]
+    if path.endswith(".message") and "latency" in str(ours):
+        return []
+    return [] if ours == theirs else [f"{path}: {ours!r} vs {theirs!r}"]
+
+
+def ours_report(contract: Path, mode: str = "all") -> dict[str, Any]:
+    return build_report(asyncio.run(run_contract(load_contract(contract), mode=mode)))
+
+
+def theirs_report(contract: Path, mode: str = "all") -> dict[str, Any]:
+    return json.loads(dg_run_test(contract, mode=mode).model_dump_json())
+
+
+def without_monotonic_reductions(report: dict[str, Any]) -> dict[str, Any]:
+    """Our minimiser also shrinks monotonic deltas; DecGuard does not minimise that property."""
+    for summary in report["properties"]["summaries"]:
+        if summary["property"] == "monotonic":
+            summary["n_reduced"] = 0
+    for pair in report["properties"]["pairs"]:
+        if pair["property"] == "monotonic":
+            pair["reduced"] = None
+    return report
+
+
+@pytest.mark.parametrize("name", CONTRACTS)
+def test_same_contract_hash(name: str) -> None:
+    assert load_contract(FIXTURES / name).hash == dg_load_contract(FIXTURES / name).hash
+
+
+@pytest.mark.parametrize("name", CONTRACTS)
+def test_same_report_as_decguard(name: str) -> None:
+    ours = without_monotonic_reductions(ours_report(FIXTURES / name))
+    theirs = theirs_report(FIXTURES / name)
+    assert differences(ours, theirs) == []
+    assert ours["status"] == theirs["status"] == "fail"
+    # The contracts exercise what they are meant to: failures, minimisation, skips.
+    props = ours["properties"]
+    assert any(pair["violations"] for pair in props["pairs"])
+    if name == "triage_choice.yaml":
+        assert any(pair["reduced"] for pair in props["pairs"])
+
+
+def test_noul_inversion_and_aliases_findings() -> None:
+    report = ours_report(FIXTURES / "eligibility_noul.yaml")
+    summaries = {s["property"]: s for s in report["properties"]["summaries"]}
+    # The mock answers from rules: "is eligible" -> 0.9/0.1, negated -> 0.3/0.7 (inverted: 0.7/0.3).
+    inversion = summaries["inversion"]
+    assert inversion["n_evaluated"] == 4 and inversion["n_skipped"] == 1 and inversion["n_flips"] == 0
+    assert inversion["max_tv_distance"] == pytest.approx(0.2)
+    # The mock cannot read aliases (yes/no shown for eligible/ineligible): DecGuard records the
+    # answers as invalid responses, and so do we.
+    errored = [p for p in report["properties"]["pairs"] if p["property"] == "label_format" and p["error"]]
+    assert errored and summaries["label_format"]["errors_by_kind"] == {"invalid_response": len(errored)}
+    assert all("alias" in p["steps"][0] and p["error"]["kind"] == "invalid_response" for p in errored)
+    checks = {c["gate"]: c["status"] for c in report["checks"]}
+    assert checks["label_format.max_error_rate"] == "fail" and checks["inversion.max_flip_rate"] == "pass"
+    skipped = [s for s in report["properties"]["skipped"] if s["property"] == "inversion"]
+    assert skipped == [{"property": "inversion", "case_id": "n4", "reason": "no rewrite matches the text"}]
+
+
+def test_score_monotonic_findings() -> None:
+    report = ours_report(FIXTURES / "severity_score.yaml")
+    mono = next(s for s in report["properties"]["summaries"] if s["property"] == "monotonic")
+    assert mono["n_skipped"] == 1  # s5 has no affected_users
+    assert mono["max_level_decrease"] is not None and mono["max_level_decrease"] > 0.05
+    reduced = [p for p in report["properties"]["pairs"] if p["property"] == "monotonic" and p["reduced"]]
+    assert reduced, "a smaller delta that still lowers the level is found"
+    for pair in reduced:
+        assert pair["reduced"]["steps"][0]["delta"] < pair["steps"][0]["delta"]
+        assert pair["reduced"]["violations"]
+
+
+def test_each_reads_the_others_report_and_diff_matches(tmp_path: Path) -> None:
+    contract = FIXTURES / "triage_choice.yaml"
+    theirs = dg_run_test(contract, mode="all")
+    dg_write_report(theirs, tmp_path / "theirs.json")
+    dg_write_report(dg_run_test(contract, mode="all", backend="fair"), tmp_path / "theirs_fair.json")
+    ours = load_report(tmp_path / "theirs.json")  # a DecGuard report verifies in otel-plumb
+    assert ours.data["status"] == "fail"
+    mine = diff_reports(ours, load_report(tmp_path / "theirs_fair.json"), contract=load_contract(contract))
+    reference = json.loads(
+        dg_diff(tmp_path / "theirs.json", tmp_path / "theirs_fair.json", contract=contract).model_dump_json()
+    )
+    assert differences(mine, reference) == []
+    assert mine["counts"]["answer_flips"] > 0 and mine["status"] == reference["status"]
+
+
+def test_replay_matches_decguard(tmp_path: Path) -> None:
+    contract = FIXTURES / "triage_choice.yaml"
+    write_report(ours_report(contract), tmp_path / "ours.json")
+    dg_write_report(dg_run_test(contract, mode="all"), tmp_path / "theirs.json")
+    mine = asyncio.run(replay_failures(tmp_path / "ours.json"))
+    reference = json.loads(dg_replay(tmp_path / "theirs.json").model_dump_json())
+    assert differences(mine, reference) == []
+    assert mine["status"] == "fail" and all(o["regenerated"] in (True, None) for o in mine["outcomes"])
+
+
+def test_production_check_matches_decguard(tmp_path: Path) -> None:
+    records = [
+        {
+            "id": f"r{i}",
+            "decision": "ticket_route",
+            "selected": sel,
+            "outcome": out,
+            "probabilities": probs,
+            "metadata": {"channel": ch},
+            "action": act,
+            "latency_ms": 10.0 + i,
+        }
+        for i, (sel, out, probs, ch, act) in enumerate(
+            [
+                ("billing", "billing", {"billing": 0.8, "technical": 0.1, "account": 0.1}, "email", "accept"),
+                ("technical", "account", {"billing": 0.2, "technical": 0.5, "account": 0.3}, "chat", "abstain"),
+                ("account", "account", {"billing": 0.1, "technical": 0.2, "account": 0.7}, "chat", "accept"),
+                ("billing", None, {"billing": 0.4, "technical": 0.35, "account": 0.25}, "email", "fallback"),
+            ]
+        )
+    ]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    contract_text = (FIXTURES / "triage_choice.yaml").read_text() + (
+        "production:\n  segments: [channel]\n  requirements: {min_accuracy: 0.9, max_fallback_rate: 0.5}\n"
+        "  segment_warnings: {max_ece: 0.1}\n"
+    )
+    contract = tmp_path / "contract.yaml"
+    contract.write_text(contract_text.replace("triage_paraphrases.jsonl", str(FIXTURES / "triage_paraphrases.jsonl")))
+    mine = run_check(contract, dataset=tmp_path / "records.jsonl")
+    reference = json.loads(dg_run_check(contract, dataset=tmp_path / "records.jsonl").model_dump_json())
+    assert differences(mine, reference) == []
+    assert mine["status"] == "fail" and len(mine["segments"]) == 2
+
+
+def test_cli_exit_codes_match_decguard(tmp_path: Path) -> None:
+    from decguard.cli import app
+    from typer.testing import CliRunner as TyperRunner
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((FIXTURES / "triage_choice.yaml").read_text().replace("min_accuracy", "min_acuracy"))
+    cases = [
+        ["validate", str(FIXTURES / "triage_choice.yaml")],
+        ["test", str(FIXTURES / "triage_choice.yaml")],
+        ["test", str(FIXTURES / "triage_choice.yaml"), "-b", "fair", "--no-healthcheck"],
+        ["test", str(FIXTURES / "triage_choice.yaml"), "--fail-on-warn"],
+        ["fuzz", str(FIXTURES / "severity_score.yaml"), "-p", "whitespace", "--seed", "3"],
+        ["fuzz", str(FIXTURES / "severity_score.yaml"), "-p", "option_order"],
+        ["validate", str(bad)],
+        ["test", str(FIXTURES / "missing.yaml")],
+        ["test"],
+    ]
+    for args in cases:
+        ours = CliRunner().invoke(decision, args)
+        theirs = TyperRunner().invoke(app, args)
+        assert ours.exit_code == theirs.exit_code, (args, ours.output, theirs.output)
+    assert "min_acuracy (line" in CliRunner().invoke(decision, ["validate", str(bad)]).output
