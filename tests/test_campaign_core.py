@@ -137,6 +137,14 @@ def test_stream_is_uniform_enough_and_keyed():
     assert Stream(1, "a").below(10**9) == Stream(1, "a").below(10**9) != Stream(1, "b").below(10**9)
 
 
+def test_numpy_minilm_matches_the_sentence_transformers_reference():
+    from otel_plumb.campaign.embedding import default_model
+
+    # The all-MiniLM-L6-v2 pair from the sentence-transformers documentation: 0.7553.
+    assert default_model().similarity("A man is eating food.", "A man is eating a piece of bread.") == pytest.approx(
+        0.7553, abs=5e-4)
+
+
 def test_guard_discards_a_meaning_changing_paraphrase_and_counts_it(tmp_path):
     (tmp_path / "para.jsonl").write_text(json.dumps({"id": "INV-7001", "paraphrases": [
         "Please settle invoice INV-7001, amount £4,500.00, raised against PO-501.",
@@ -357,3 +365,31 @@ def test_unknown_paraphrase_provider_is_refused(tmp_path):
 
     with pytest.raises(CampaignError, match="unknown paraphrase provider 'nonesuch'"):
         make_paraphraser(campaign, campaign.spec.perturbations.paraphrase)
+
+
+def test_paraphrase_plugins_come_from_an_entry_point_group(tmp_path, monkeypatch):
+    import otel_plumb.campaign.paraphrase as para
+
+    seen = {}
+
+    def upper(text, n, seed, options):
+        seen.update(n=n, seed=seed, options=options)
+        return [text.replace("Pay", "Please pay")]
+
+    class EntryPoint:
+        name = "shouty"
+
+        def load(self):
+            return upper
+
+    monkeypatch.setattr(para, "entry_points", lambda group: [EntryPoint()] if group == para.ENTRY_POINT_GROUP else [])
+    body = ("perturbations:\n  paraphrase: {source: {provider: shouty, candidates: 3, options: {style: polite}},\n"
+            "               samples: 1, guard: {provider: none}}\n")
+    campaign = load_campaign(write_campaign(tmp_path, body))
+    from otel_plumb.campaign.engine import CampaignRun
+    from otel_plumb.campaign.store import Store
+
+    (variant,), discards = CampaignRun(campaign, Store(tmp_path / "s.db")).generate()
+    assert variant.steps[0]["text"].startswith("Please pay invoice INV-7001")
+    assert variant.steps[0]["source"] == "plugin:shouty" and discards == []
+    assert seen["n"] == 3 and seen["options"] == {"style": "polite"} and isinstance(seen["seed"], int)

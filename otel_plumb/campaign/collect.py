@@ -133,7 +133,8 @@ class EmbeddedReceiver(TraceSource):
             return build_trajectory(trace_id, list(spans), complete=False, incomplete_reason="max_wait")
 
     async def stop(self) -> None:
-        await self.processor.stop(grace=1.0)
+        if self.processor.ready:
+            await self.processor.stop(grace=1.0)
 
 
 class FileSource(TraceSource):

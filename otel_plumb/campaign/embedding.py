@@ -89,8 +89,8 @@ class MiniLM:
 
             def lin(t: np.ndarray, name: str, p: str = p) -> np.ndarray:
                 weight = w[p + name + ".weight.T"]
-                out: np.ndarray = (t.reshape(-1, t.shape[-1]) @ weight).reshape(*t.shape[:-1], weight.shape[1])
-                return out + w[p + name + ".bias"]
+                flat: np.ndarray = t.reshape(-1, t.shape[-1]) @ weight + w[p + name + ".bias"]
+                return flat.reshape(*t.shape[:-1], weight.shape[1])
 
             def split(t: np.ndarray) -> np.ndarray:
                 return t.reshape(batch, seq, self.heads, hd).transpose(0, 2, 1, 3)

@@ -172,7 +172,11 @@ class CampaignRun:
             limited = len(planned) > room
             planned = planned[:room]
         source = make_source(self.campaign)
-        await source.start()
+        try:
+            await source.start()
+        except Exception as e:  # an unreachable Watch server, a port in use, unreadable files
+            await source.stop()
+            raise CampaignError(self.campaign.path, None, f"cannot start trace collection: {e}") from None
         runners = {arm: make_runner(spec.arms[arm], self.campaign.folder) for arm in self.arms}
         deadline = time.monotonic() + spec.limits.max_duration_s if spec.limits.max_duration_s else None
         queue: asyncio.Queue[PlannedTrial] = asyncio.Queue()

@@ -142,13 +142,13 @@ def run(campaign_file: str, arms: tuple[str, ...], store_path: str | None, json_
     loaded = _load(campaign_file)
     store = _store(store_path)
     runner = _campaign_run(loaded, store, arms=arms or None, use_cache=not fresh, progress=_progress(quiet))
+    from otel_plumb.campaign.store import RunNotFound
+
     try:
         run_id = runner.start(resume=resume)
-        if resume is not None:
-            _run_info(store, run_id)
         click.echo(f"run {run_id}", err=True)
         outcome = asyncio.run(runner.execute(run_id))
-    except CampaignError as e:
+    except (CampaignError, RunNotFound) as e:
         raise RunError(str(e)) from None
     except KeyboardInterrupt:
         click.echo("\ninterrupted: resume with --resume latest", err=True)
