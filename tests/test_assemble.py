@@ -4,8 +4,16 @@ from otel_plumb.model import NormalisedSpan, RequestedCall
 
 def ns(span_id, parent=None, start=0, kind="other", name=None, trace="t1", **kw):
     return NormalisedSpan(
-        trace_id=trace, span_id=span_id, parent_span_id=parent, span_name=name or span_id,
-        start_ns=start, end_ns=start + 10, kind=kind, name=name or span_id, convention="test", **kw,
+        trace_id=trace,
+        span_id=span_id,
+        parent_span_id=parent,
+        span_name=name or span_id,
+        start_ns=start,
+        end_ns=start + 10,
+        kind=kind,
+        name=name or span_id,
+        convention="test",
+        **kw,
     )
 
 
@@ -86,3 +94,49 @@ def test_session_grouping_joins_traces():
     (done,) = asm.due(10.0)
     t = done.trajectory()
     assert t.key == "s" and t.trace_ids == ["t1", "t2"]
+
+
+def test_tool_spans_without_call_ids_are_matched_by_name_in_order():
+    first = RequestedCall("pay", {"amount": 1}, "captured", "c1")
+    second = RequestedCall("pay", {"amount": 2}, "captured", "c2")
+    spans = [
+        ns("r", None, 0, "agent"),
+        ns("l1", "r", 1, "llm", requested_calls=[first]),
+        ns("p1", "r", 20, "tool", "pay"),
+        ns("l2", "r", 40, "llm", requested_calls=[second]),
+        ns("p2", "r", 60, "tool", "pay"),
+    ]
+    t = build_trajectory("t1", spans)
+    assert [(s.span_id, s.args, s.args_source) for s in t.tool_steps] == [
+        ("p1", {"amount": 1}, "llm_output"),
+        ("p2", {"amount": 2}, "llm_output"),
+    ]
+    assert t.problems == []
+    # A request with no tool span left to claim is reported, not turned into a step.
+    extra = ns("l3", "r", 80, "llm", requested_calls=[RequestedCall("pay", {}, "captured", "c3")])
+    t2 = build_trajectory("t1", [*spans, extra])
+    assert len(t2.tool_steps) == 2 and t2.problems == ["tool call 'pay' requested in span l3 has no tool span"]
+
+
+def test_span_args_are_kept_unless_a_bare_value_and_results_come_from_later_messages():
+    call = RequestedCall("lookup", {"invoice_id": "INV-1"}, "captured", "call_1")
+    llm = ns("l", "r", 1, "llm", requested_calls=[call])
+    bare = ns("x", "r", 20, "tool", "lookup", tool_call_id="call_1", args="INV-1", args_status="captured")
+    later = ns("l2", "r", 40, "llm", tool_results={"call_1": {"status": "open"}})
+    step = build_trajectory("t1", [ns("r", None, 0, "agent"), llm, bare, later]).tool_steps[0]
+    assert step.args == {"invoice_id": "INV-1"} and step.args_source == "llm_output"
+    assert step.result == {"status": "open"} and step.result_status == "captured"
+
+    own = ns(
+        "x",
+        "r",
+        20,
+        "tool",
+        "lookup",
+        tool_call_id="call_1",
+        args={"invoice_id": "INV-9"},
+        args_status="captured",
+        args_source="gen_ai.tool.call.arguments",
+    )
+    step = build_trajectory("t1", [ns("r", None, 0, "agent"), llm, own]).tool_steps[0]
+    assert step.args == {"invoice_id": "INV-9"} and step.args_source == "gen_ai.tool.call.arguments"

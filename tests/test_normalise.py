@@ -288,3 +288,13 @@ def test_arbitrary_spans_never_raise(spans):
 
 def test_span_name_readers_are_registered():
     assert set(BY_SPAN_NAME) == {"running tool", "agent run"}
+
+
+def test_redacted_fields_inside_captured_arguments_are_named():
+    args = json.dumps({"invoice_id": "INV-1", "card": "<REDACTED>", "note": "***"})
+    n = normalise(span({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.arguments": args}))
+    assert n.args_status == "captured" and n.args["invoice_id"] == "INV-1"
+    assert n.problems == [
+        "gen_ai.tool.call.arguments: argument 'card' is a redaction placeholder",
+        "gen_ai.tool.call.arguments: argument 'note' is a redaction placeholder",
+    ]

@@ -49,14 +49,16 @@ def build_trajectory(
     # Tool calls the model requested: matched to tool spans by tool-call id (never doubled), or,
     # for tool spans that record no id, to the first unclaimed span of that name that starts
     # after the request; when the trace has no tool spans at all, they become steps of their own.
-    claimed: set[int] = set()
+    without_id: dict[str, list[Step]] = {}
+    for step in tool_steps:
+        if step.tool_call_id is None:
+            without_id.setdefault(step.name, []).append(step)
     for s in spans:
         for n, call in enumerate(s.requested_calls):
             matched = tool_steps_by_call_id.get(call.tool_call_id or "")
-            if matched is None and tool_steps:
-                matched = _unclaimed_span_for(call, s, tool_steps, claimed)
+            if matched is None:
+                matched = _next_unclaimed(without_id.get(call.name), s.start_ns)
             if matched is not None:
-                claimed.add(id(matched))
                 if _better_args(matched, call):
                     matched.args, matched.args_status, matched.args_source = call.args, "captured", "llm_output"
                 continue
@@ -147,17 +149,13 @@ def _span_step(s: NormalisedSpan) -> Step:
     )
 
 
-def _unclaimed_span_for(
-    call: RequestedCall, requester: NormalisedSpan, tool_steps: list[Step], claimed: set[int]
-) -> Step | None:
-    for step in tool_steps:  # in start order
-        if (
-            step.tool_call_id is None
-            and step.name == call.name
-            and id(step) not in claimed
-            and step.start_ns >= requester.start_ns
-        ):
-            return step
+def _next_unclaimed(candidates: list[Step] | None, after_ns: int) -> Step | None:
+    """Take (remove) the first candidate that starts no earlier than the request."""
+    if not candidates:
+        return None
+    for i, step in enumerate(candidates):
+        if step.start_ns >= after_ns:
+            return candidates.pop(i)
     return None
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from otel_plumb.model.span import STATUS_ERROR, SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, RequestedCall
-from otel_plumb.normalise.values import decode
+from otel_plumb.normalise.values import decode, is_placeholder
 
 # A convention reader fills in kind, name, convention, args, ... on a base NormalisedSpan.
 Reader = Callable[[SpanRecord, NormalisedSpan], None]
@@ -227,9 +227,22 @@ def set_args(out: NormalisedSpan, raw: Any, source: str) -> bool:
     out.args_source = source
     if d.status == "captured":
         out.args = d.value
+        if type(d.value) is dict:
+            _note_redacted_fields(out, d.value, source)
     elif d.status == "undecodable":
         out.problems.append(f"{source}: {d.reason}")
     return True
+
+
+def _note_redacted_fields(out: NormalisedSpan, args: dict[str, Any], source: str) -> None:
+    """Arguments that are data except for some redacted fields: those fields are named in a
+    problem line, so checks on them are known to look at a placeholder."""
+    for key, value in args.items():
+        if type(value) is str and len(value) <= _MAX_PLACEHOLDER_CHARS and is_placeholder(value):
+            out.problems.append(f"{source}: argument {key!r} is a redaction placeholder")
+
+
+_MAX_PLACEHOLDER_CHARS = 32
 
 
 def set_result(out: NormalisedSpan, raw: Any, source: str) -> bool:
