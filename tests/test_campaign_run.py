@@ -22,7 +22,7 @@ CASES = [json.loads(line) for line in (EXAMPLE / "cases.jsonl").read_text().spli
 
 COUNTING_AGENT = '''
 import json, pathlib
-import agent
+import AGENT_MODULE as agent
 
 def _count(request):
     with open(pathlib.Path(__file__).with_name("calls.log"), "a") as f:
@@ -46,9 +46,10 @@ def setup_campaign(tmp_path: Path, arms: str, perturbations: str, cases: int = 2
                    traces: str = "{receiver: embedded, deadline_s: 5}") -> Path:
     shutil.copy(EXAMPLE / "agent.py", tmp_path / "agent.py")
     shutil.copy(EXAMPLE / "ap.yaml", tmp_path / "ap.yaml")
-    # A module name of its own per test: Python callables are imported once per process.
+    # Module names of their own per test: Python callables are imported once per process.
     counting = counting_module(tmp_path)
-    (tmp_path / f"{counting}.py").write_text(COUNTING_AGENT)
+    shutil.copy(EXAMPLE / "agent.py", tmp_path / f"ap_{counting}.py")
+    (tmp_path / f"{counting}.py").write_text(COUNTING_AGENT.replace("AGENT_MODULE", f"ap_{counting}"))
     arms = arms.replace("counting:", f"{counting}:")
     (tmp_path / "cases.jsonl").write_text("\n".join(json.dumps(c) for c in CASES[:cases]) + "\n")
     path = tmp_path / "campaign.yaml"
@@ -116,13 +117,11 @@ async def test_python_arms_with_tool_faults_end_to_end(tmp_path):
 
 
 async def test_http_runner_sends_trace_context_and_gets_the_answer(tmp_path):
-    import sys
+    import importlib.util
 
-    sys.path.insert(0, str(tmp_path))
-    shutil.copy(EXAMPLE / "agent.py", tmp_path / "agent.py")
-    import importlib
-
-    agent = importlib.import_module("agent")
+    spec = importlib.util.spec_from_file_location("ap_agent_for_http", EXAMPLE / "agent.py")
+    agent = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent)
     seen = []
 
     async def run(req: web.Request) -> web.Response:
@@ -143,7 +142,6 @@ async def test_http_runner_sends_trace_context_and_gets_the_answer(tmp_path):
         report = await run_once(path, Store(tmp_path / "runs.db"))
     finally:
         await server.cleanup()
-        sys.path.remove(str(tmp_path))
     assert [t["status"] for t in report["trials"]] == ["conformant", "conformant"]
     traceparents = {t["trace_id"] for t in report["trials"]}
     assert {tp.split("-")[1] for tp, _ in seen} == traceparents  # a fresh trace per trial
