@@ -8,6 +8,7 @@ import zstandard
 from google.protobuf import json_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from test_files_support import (
     agent_traces,
     by_trace,
@@ -436,3 +437,21 @@ def test_deeply_nested_json_is_refused_not_built(tmp_path: Path) -> None:
         path.write_text(content)
         spans, errors = split(list(read_spans(path)))
         assert spans == [] and errors, content[:20]
+
+
+def test_bare_request_whose_length_byte_reads_as_a_brace(tmp_path: Path) -> None:
+    """0a 7b ... is a newline and a '{' to a text sniffer, but a request of 123-byte ResourceSpans."""
+    req = ExportTraceServiceRequest()
+    span = req.resource_spans.add().scope_spans.add().spans.add(
+        trace_id=bytes(range(1, 17)), span_id=bytes(range(1, 9)), name=""
+    )
+    for n in range(123):  # length prefixes grow with the name: find the name that fits
+        span.name = "x" * n
+        if req.resource_spans[0].ByteSize() == 123:
+            break
+    data = req.SerializeToString()
+    assert data[:2] == b"\x0a\x7b"
+    path = tmp_path / "request.bin"
+    path.write_bytes(data)
+    spans, errors = split(list(read_spans(path)))
+    assert errors == [] and [(s.span_id, s.name) for s in spans] == [(bytes(range(1, 9)).hex(), span.name)]

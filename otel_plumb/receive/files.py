@@ -123,7 +123,7 @@ def read_batches(path: str | os.PathLike[str]) -> Iterator[list[Item]]:
 
 
 def _read_stream(name: str, stream: IO[bytes], *, compressed: bool) -> Iterator[list[Item]]:
-    head = _peek(stream, 4)
+    head = _peek(stream, 256)
     if not head:
         return
     if head.startswith(GZIP_MAGIC) and not compressed:
@@ -134,11 +134,20 @@ def _read_stream(name: str, stream: IO[bytes], *, compressed: bool) -> Iterator[
         reader = zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True)
         yield from _read_stream(name, io.BufferedReader(reader, 1 << 16), compressed=True)
         return
-    start = head.lstrip(_BLANK)
-    if start.startswith(_BOM) or start[:1] in _JSON_START or not start:
+    if _looks_like_json(head):
         yield from _read_json(name, stream)
     else:
         yield from _read_protobuf(name, stream)
+
+
+def _looks_like_json(head: bytes) -> bool:
+    """JSON text starts with ``{`` or ``[`` after blanks and has no control bytes but blanks.
+    The second test matters: a serialized request starts with ``0a`` (a newline) and a length
+    that may be ``7b`` (``{``), but its tags and lengths soon give bytes below ``20``."""
+    start = head.removeprefix(_BOM).lstrip(_BLANK)
+    if start and start[:1] not in _JSON_START:
+        return False
+    return not any(b < 0x20 and b not in _BLANK for b in head)
 
 
 def _peek(stream: IO[bytes], n: int) -> bytes:
