@@ -46,6 +46,7 @@ CONVENTIONS = {
     "strands_openai_latest": "strands",
     "traceloop": "traceloop",
     "vercel_ai": "vercel_ai",
+    "vercel_ai_sdk": "vercel_ai",
 }
 
 
@@ -114,6 +115,7 @@ def test_failed_calls_carry_the_error_message(name):
     [
         ("pydantic_ai_v5", "billing", None),  # session: a generated gen_ai.conversation.id, checked below
         ("vercel_ai", "billing-agent", "sess-vercel-1"),
+        ("vercel_ai_sdk", "billing-agent", "sess-vercel-1"),
         ("strands", "billing", "sess-strands-1"),
         ("strands_openai", "billing", "sess-strands-1"),
         ("google_adk", "billing", "sess-adk-1"),
