@@ -9,6 +9,8 @@ from pathlib import Path
 from types import ModuleType
 
 from google.protobuf import json_format
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from otel_plumb.model import Step, Trajectory, Verdict
 from otel_plumb.proto_gen import trajectory_pb2
@@ -144,3 +146,28 @@ def _drop_nulls(value: object) -> object:
     if isinstance(value, list):
         return [_drop_nulls(v) for v in value]
     return value
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=12,
+)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(args=JSON, result=JSON, expected=JSON, got=JSON, extra=st.dictionaries(st.text(min_size=1, max_size=5), JSON))
+def test_conversion_is_the_proto3_json_mapping(
+    args: object, result: object, expected: object, got: object, extra: dict[str, object]
+) -> None:
+    """The field-by-field conversion gives exactly what json_format.ParseDict gives, for any
+    JSON values in the free-form fields, and ignores fields the proto does not know."""
+    trajectory = _sample()
+    record = trajectory_record(trajectory, _verdicts(), ["payments"])
+    record["steps"][1]["args"], record["steps"][1]["result"] = args, result
+    record["verdicts"][0]["expected"], record["verdicts"][0]["got"] = expected, got
+    record["decision"] = "early"
+    unknown = {f"x_{k}": v for k, v in extra.items()}
+    reference = json_format.ParseDict(record, trajectory_pb2.Trajectory())
+    assert trajectory_message({**record, **unknown}) == reference
