@@ -214,3 +214,8 @@ def test_cli_exit_codes_match_decguard(tmp_path: Path) -> None:
         theirs = TyperRunner().invoke(app, args)
         assert ours.exit_code == theirs.exit_code, (args, ours.output, theirs.output)
     assert "min_acuracy (line" in CliRunner().invoke(decision, ["validate", str(bad)]).output
+    # DecGuard accepts a seed past 2**63 and writes a report it then refuses to load; we refuse the seed.
+    big = ["fuzz", str(FIXTURES / "severity_score.yaml"), "-p", "whitespace", "--seed", str(2**64)]
+    assert CliRunner().invoke(decision, big).exit_code == 2
+    assert TyperRunner().invoke(app, [*big, "-o", str(tmp_path / "big.json")]).exit_code in (0, 1)
+    assert TyperRunner().invoke(app, ["report", str(tmp_path / "big.json")]).exit_code == 2

@@ -402,6 +402,8 @@ def test_replay_reproduces_and_regenerates(biased_report: Path) -> None:
         lambda r: r["properties"]["summaries"][0]["flip_interval"].update(hi=0.1),
         lambda r: r["properties"]["config"]["option_order"].update(max_tv_distance=0.9),
         lambda r: r["properties"]["pairs"].pop(),
+        lambda r: r["properties"]["pairs"][0].update(input="something else"),
+        lambda r: r["properties"]["pairs"][0]["presentation"].reverse(),
         lambda r: r.update(surprise=1),
     ],
 )

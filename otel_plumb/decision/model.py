@@ -140,15 +140,15 @@ def validate_probabilities(
     labels: tuple[str, ...], raw: Mapping[str, Any], *, tolerance: float = DEFAULT_TOLERANCE
 ) -> dict[str, float]:
     """``raw`` as a distribution over exactly ``labels`` in that order. Never rescaled or clipped."""
+    # Fast path for the common well-formed answer; anything unusual takes the checks below.
     if type(raw) is dict and len(raw) == len(labels):
-        # Fast path for the common well-formed answer; anything unusual takes the checks below.
         try:
             quick: dict[str, float] = {label: raw[label] for label in labels}
         except KeyError:
             quick = {}
-        if quick and all(type(v) is float and 0.0 <= v < math.inf for v in quick.values()):
-            if abs(math.fsum(quick.values()) - 1.0) <= tolerance:
-                return quick
+        finite = quick and all(type(v) is float and 0.0 <= v < math.inf for v in quick.values())
+        if finite and abs(math.fsum(quick.values()) - 1.0) <= tolerance:
+            return quick
     if not isinstance(raw, Mapping):
         raise InvalidResponse(f"probabilities must be an object, got {type(raw).__name__}")
     missing = [label for label in labels if label not in raw]

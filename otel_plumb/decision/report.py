@@ -48,7 +48,7 @@ from otel_plumb.decision.engine import (
 )
 from otel_plumb.decision.errors import ReportError
 from otel_plumb.decision.model import Case, CaseError, DecisionInput, Outcome, Record, Result, validate_probabilities
-from otel_plumb.decision.transforms import Mutation
+from otel_plumb.decision.transforms import Mutation, Transform, make_transform, set_text
 from otel_plumb.decision.validation import format_errors
 from otel_plumb.stats import classification as cm
 from otel_plumb.stats import rate
@@ -763,6 +763,35 @@ def _check_context(result: Result, case_id: str, backend: Mapping[str, Any], whe
         raise ValueError(f"{where}: result {result.case_id!r} does not match the report decision/backend context")
 
 
+def _check_steps(
+    name: str,
+    prop: PropertyConfig,
+    spec: DecisionSpec,
+    fuzz: Fuzz,
+    case: Case,
+    row: Mapping[str, Any],
+    where: str,
+    transforms: dict[str, Transform],
+) -> None:
+    """The stored input and option presentation must be what the stored steps give: transformations
+    are pure, so an edited transformed case cannot pass for what was sent."""
+    steps = tuple(row.get("steps") or ())
+    if not steps:
+        expected: tuple[Any, Any] = (case.input, None)
+    elif name == "paraphrase":
+        expected = (set_text(case.input, fuzz.text_field, steps[0].get("text")), None)
+    else:
+        if name not in transforms:
+            transforms[name] = make_transform(name, prop, spec, fuzz)
+        try:
+            mutation = transforms[name].apply(case.input, steps)
+        except Exception as exc:  # malformed steps
+            raise ValueError(f"{where}.steps cannot be applied: {exc!r}") from exc
+        expected = (mutation.input, mutation.presentation)
+    if (row.get("input"), _presentation_of(row.get("presentation"))) != expected:
+        raise ValueError(f"{where}: input/presentation is not what its steps give")
+
+
 def _verify_properties(
     props: Any, spec: DecisionSpec, tolerance: float, records: list[Record], backend: Mapping[str, Any]
 ) -> tuple[PropertyRun, dict[str, Any]]:
@@ -778,6 +807,7 @@ def _verify_properties(
             raise ValueError(f"properties.original_draws.{case_id}: unknown case")
         draws[case_id] = [_outcome(o, spec, tolerance, f"properties.original_draws.{case_id}") for o in outcomes]
     refs = references(records, draws)
+    transforms: dict[str, Transform] = {}
     pairs: list[Pair] = []
     for index, row in enumerate(props.get("pairs") or []):
         where = f"properties.pairs.{index}"
@@ -796,6 +826,7 @@ def _verify_properties(
         reference = refs[case_id]
         if isinstance(reference, CaseError) and not (isinstance(outcome, CaseError) and outcome.kind == ORIGINAL_ERROR):
             raise ValueError(f"{where}: the original case errored, so this one must too")
+        _check_steps(str(name), prop, spec, fuzz, by_id[case_id].case, row, where, transforms)
         mutation = Mutation(
             tuple(row.get("steps") or ()),
             _input(row.get("input"), where),
@@ -809,6 +840,7 @@ def _verify_properties(
             if not isinstance(reduced_row, dict) or not pair.violations:
                 raise ValueError(f"{where}: only failing transformed cases can have a reduced example")
             assert isinstance(reference, Result)
+            _check_steps(str(name), prop, spec, fuzz, by_id[case_id].case, reduced_row, f"{where}.reduced", transforms)
             reduced_result = _result(reduced_row.get("result"), spec, tolerance, f"{where}.reduced.result")
             _check_context(reduced_result, pid, backend, f"{where}.reduced.result")
             comparison: Comparison = compare(reference, reduced_result, prop)
