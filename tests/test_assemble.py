@@ -140,3 +140,14 @@ def test_span_args_are_kept_unless_a_bare_value_and_results_come_from_later_mess
     )
     step = build_trajectory("t1", [ns("r", None, 0, "agent"), llm, own]).tool_steps[0]
     assert step.args == {"invoice_id": "INV-9"} and step.args_source == "gen_ai.tool.call.arguments"
+
+
+def test_a_model_call_recorded_twice_counts_once():
+    outer = ns("o", "r", 1, "llm", name="call_llm")
+    inner = ns("i", "o", 2, "llm", name="generate_content", tokens=50)
+    t = build_trajectory("t1", [ns("r", None, 0, "agent"), outer, inner])
+    assert [(s.name, s.kind, s.tokens) for s in t.steps] == [
+        ("r", "agent", None),
+        ("call_llm", "llm", 50),
+        ("generate_content", "other", None),
+    ]

@@ -25,6 +25,8 @@ NAMES = sorted(p.name.removesuffix(".expected.json") for p in FIXTURES.glob("*.e
 # The convention each fixture's tool steps must be attributed to.
 CONVENTIONS = {
     "google_adk": "google_adk",
+    "google_adk_runner": "google_adk",
+    "google_adk_runner_legacy": "google_adk",
     "langfuse": "langfuse",
     "langfuse_sdk": "langfuse",
     "langsmith": "langsmith",
@@ -119,6 +121,8 @@ def test_failed_calls_carry_the_error_message(name):
         ("strands", "billing", "sess-strands-1"),
         ("strands_openai", "billing", "sess-strands-1"),
         ("google_adk", "billing", "sess-adk-1"),
+        ("google_adk_runner", "billing", "sess-adk-1"),
+        ("google_adk_runner_legacy", "billing", "sess-adk-1"),
         ("mcp", "billing", "conv-mcp-1"),
         ("traceloop", None, "sess-tl-1"),
         ("langsmith", None, "thread-ls-1"),
@@ -203,3 +207,11 @@ def test_mcp_sdk_spans_name_tools_and_failures_but_carry_no_arguments():
     assert [s.args_status for s in t.tool_steps] == ["absent", "absent", "absent"]
     assert [s.error for s in t.tool_steps] == [None, "tool_error", None]
     assert [s.name for s in t.steps if s.kind == "other"] == ["server/discover", "tools/list"]
+
+
+@pytest.mark.parametrize("name", ["google_adk_runner", "google_adk_runner_legacy"])
+def test_each_model_call_is_one_llm_step(name):
+    # ADK's schema 1 records each model call twice (call_llm around generate_content).
+    _, spans = load(name)
+    llm = [s for s in trajectory(spans).steps if s.kind == "llm"]
+    assert [s.tokens for s in llm] == [52, 62, 72]

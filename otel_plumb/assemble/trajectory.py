@@ -70,6 +70,7 @@ def build_trajectory(
 
     drafts.sort(key=lambda d: d[0])
     steps = [step for _, step in drafts]
+    _merge_nested_model_calls(steps)
     _assign_agents(steps, by_id)
     for i, step in enumerate(steps):
         step.index = i
@@ -190,6 +191,20 @@ def _requested_step(s: NormalisedSpan, call: RequestedCall, results: dict[str, o
         agent=s.agent,
         tool_call_id=call.tool_call_id,
     )
+
+
+def _merge_nested_model_calls(steps: list[Step]) -> None:
+    """One model call recorded twice (a framework's span around the client library's, e.g. ADK's
+    call_llm around generate_content, or LangChain's around OpenAI's) counts once: the inner span
+    becomes an ``other`` step and its tokens go to the outer one when that has none."""
+    llm_steps = {st.span_id: st for st in steps if st.kind == "llm" and st.source == "span"}
+    for st in list(llm_steps.values()):
+        outer = llm_steps.get(st.parent_span_id) if st.parent_span_id else None
+        if outer is None:
+            continue
+        if outer.tokens is None:
+            outer.tokens = st.tokens
+        st.kind, st.tokens = "other", None
 
 
 def _assign_agents(steps: list[Step], by_id: dict[str, NormalisedSpan]) -> None:

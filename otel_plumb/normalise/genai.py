@@ -22,7 +22,6 @@ OPERATION_KINDS: dict[str, StepKind] = {
     "execute_tool": "tool",
     "invoke_agent": "agent",
     "create_agent": "agent",
-    "invoke_workflow": "agent",
     "chat": "llm",
     "text_completion": "llm",
     "generate_content": "llm",
@@ -53,6 +52,8 @@ def read_as(span: SpanRecord, out: NormalisedSpan, convention: str, kind: StepKi
         out.name = out.agent or name_after(span.name, "invoke_agent ") or span.name
     elif out.kind == "llm":
         read_llm(span, out, a)
+    elif "gen_ai.workflow.name" in a:
+        out.name = as_str(a.get("gen_ai.workflow.name")) or span.name
 
 
 def kind_of(span: SpanRecord, a: Mapping[str, Any]) -> StepKind:
@@ -61,7 +62,7 @@ def kind_of(span: SpanRecord, a: Mapping[str, Any]) -> StepKind:
     if kind is not None:
         return kind
     if op is not None:
-        return "other"  # embeddings, retrieval, ...: known operations that are not steps we check
+        return "other"  # workflows, embeddings, retrieval, ...: operations that are not steps we check
     if "gen_ai.tool.name" in a or span.name.startswith("execute_tool"):
         return "tool"
     if span.name.startswith("invoke_agent"):
