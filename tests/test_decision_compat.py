@@ -219,3 +219,26 @@ def test_cli_exit_codes_match_decguard(tmp_path: Path) -> None:
     assert CliRunner().invoke(decision, big).exit_code == 2
     assert TyperRunner().invoke(app, [*big, "-o", str(tmp_path / "big.json")]).exit_code in (0, 1)
     assert TyperRunner().invoke(app, ["report", str(tmp_path / "big.json")]).exit_code == 2
+
+
+def test_run_applies_the_policy_like_decguard(tmp_path: Path) -> None:
+    from decguard.cli import app
+    from typer.testing import CliRunner as TyperRunner
+
+    doc = (
+        (FIXTURES / "triage_choice.yaml")
+        .read_text()
+        .replace("triage_paraphrases.jsonl", str(FIXTURES / "triage_paraphrases.jsonl"))
+    )
+    doc += (
+        "policy:\n  routes:\n    - {when: {confidence_gte: 0.75}, action: accept}\n"
+        "    - {when: {confidence_gte: 0.5}, action: fallback, backend: fair}\n    - {action: human_review}\n"
+    )
+    contract = tmp_path / "policy.yaml"
+    contract.write_text(doc)
+    for text in ("My invoice is wrong", "Password reset please", "Something else entirely"):
+        ours = CliRunner().invoke(decision, ["run", str(contract), text, "-f", "json"])
+        theirs = TyperRunner().invoke(app, ["run", str(contract), text, "-f", "json"])
+        assert ours.exit_code == theirs.exit_code == 0
+        assert differences(json.loads(ours.output), json.loads(theirs.output)) == []
+    assert CliRunner().invoke(decision, ["run", str(FIXTURES / "severity_score.yaml"), "x"]).exit_code == 2
