@@ -26,7 +26,11 @@ CAPTURE_HINTS: dict[str, str] = {
         "Strands records tool input on gen_ai.tool.message span events; keep events enabled "
         "(OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental records gen_ai.* message attributes)"
     ),
-    "google_adk": "set ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS=true (ADK writes '{}' for arguments when it is false)",
+    "google_adk": (
+        "set OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY (ADK 2 default telemetry schema); with "
+        "ADK_TELEMETRY_SCHEMA_VERSION_OPT_IN=1 or ADK 1, ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS=true "
+        "(ADK writes '{}' for arguments when it is false)"
+    ),
     "mlflow": "enable tracing with inputs/outputs, e.g. mlflow.<flavor>.autolog() or @mlflow.trace on the tool",
     "langfuse": "do not disable capture_input / capture_output (@observe) and use no mask that drops tool input",
     "unknown": (
