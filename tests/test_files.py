@@ -289,6 +289,19 @@ def test_jaeger_bad_span_is_reported_and_others_kept(tmp_path: Path) -> None:
     assert len(spans) == 2 and len(errors) == 1 and "spanID" in errors[0].message and errors[0].line == 1
 
 
+def test_jaeger_out_of_range_values_and_bad_process_are_reported(tmp_path: Path) -> None:
+    trace = jaeger_trace()
+    trace["spans"][2]["startTime"] = 1e400  # read back as infinity
+    trace["processes"]["p2"] = {"serviceName": "ledger", "tags": [7]}
+    path = tmp_path / "jaeger.json"
+    path.write_text(json.dumps({"data": [trace]}))
+    spans, errors = split(list(read_spans(path)))
+    assert sorted(s.name for s in spans) == ["execute_tool fetch_invoice", "invoke_agent ap"]
+    messages = sorted(e.message for e in errors)
+    assert len(messages) == 2 and messages[0].startswith("Jaeger process 'p2'")
+    assert messages[1].startswith("Jaeger span #2")
+
+
 def snake_case(node: Any) -> Any:
     if isinstance(node, dict):
         return {_snake(k): snake_case(v) for k, v in node.items()}
@@ -377,6 +390,49 @@ otlp_shaped = st.recursive(
 )
 
 
+jaeger_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6) | st.sampled_from(
+    ["a1", "5b8efff798038103", "CHILD_OF", "FOLLOWS_FROM", "int64", "float64", "bool", "binary", "AAE=", "p1"]
+)
+jaeger_tag = st.fixed_dictionaries(
+    {"key": jaeger_scalars, "type": jaeger_scalars, "value": jaeger_scalars | st.sampled_from(["inf", "1e400"])}
+)
+jaeger_span = st.fixed_dictionaries(
+    {},
+    optional={
+        "traceID": jaeger_scalars,
+        "spanID": jaeger_scalars,
+        "operationName": jaeger_scalars,
+        "references": st.lists(st.fixed_dictionaries({"refType": jaeger_scalars, "spanID": jaeger_scalars}))
+        | jaeger_scalars,
+        "startTime": jaeger_scalars,
+        "duration": jaeger_scalars,
+        "tags": st.lists(jaeger_tag, max_size=3) | jaeger_scalars,
+        "logs": st.lists(st.fixed_dictionaries({"timestamp": jaeger_scalars, "fields": st.lists(jaeger_tag)})),
+        "processID": jaeger_scalars,
+    },
+)
+jaeger_docs = st.fixed_dictionaries(
+    {
+        "data": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "traceID": jaeger_scalars,
+                    "spans": st.lists(jaeger_span, max_size=3),
+                    "processes": st.dictionaries(
+                        st.text(max_size=3),
+                        st.fixed_dictionaries({"serviceName": jaeger_scalars, "tags": st.lists(jaeger_tag)})
+                        | jaeger_scalars,
+                        max_size=2,
+                    )
+                    | jaeger_scalars,
+                }
+            ),
+            max_size=2,
+        )
+    }
+)
+
+
 def assert_reads_without_raising(path: Path) -> None:
     for item in read_spans(path):
         assert isinstance(item, SpanRecord | ReadError)
@@ -392,7 +448,7 @@ def test_arbitrary_bytes_never_crash(tmp_path: Path, data: bytes) -> None:
 
 
 @_FUZZ
-@given(values=st.lists(json_values | otlp_shaped, min_size=1, max_size=4))
+@given(values=st.lists(json_values | otlp_shaped | jaeger_docs, min_size=1, max_size=4))
 def test_arbitrary_json_never_crashes(tmp_path: Path, values: list[Any]) -> None:
     path = tmp_path / "fuzz.json"
     path.write_text("\n".join(json.dumps(v) for v in values))

@@ -15,6 +15,8 @@ from typing import Any
 from otel_plumb.model.span import STATUS_ERROR, STATUS_OK, STATUS_UNSET, SpanEvent, SpanRecord
 
 _HEX = frozenset("0123456789abcdef")
+# What values of the wrong shape raise while a span is read.
+_ERRORS = (TypeError, ValueError, AttributeError, KeyError, OverflowError)
 _KINDS = {"internal": 1, "server": 2, "client": 3, "producer": 4, "consumer": 5}
 _STATUS = {"OK": STATUS_OK, "ERROR": STATUS_ERROR, "UNSET": STATUS_UNSET}
 # Tags that hold span fields rather than attributes.
@@ -37,17 +39,19 @@ def is_jaeger_trace(obj: Mapping[str, Any]) -> bool:
 
 
 def trace_records(trace: Mapping[str, Any]) -> Iterator[SpanRecord | str]:
-    """The spans of one Jaeger trace; a span that cannot be read yields a message instead."""
+    """The spans of one Jaeger trace; a span (or process) that cannot be read yields a message instead."""
     processes: dict[str, dict[str, Any]] = {}
     raw_processes = trace.get("processes")
     if isinstance(raw_processes, Mapping):
         for pid, proc in raw_processes.items():
-            if isinstance(proc, Mapping):
+            try:
                 processes[pid] = _process_resource(proc)
+            except _ERRORS as exc:
+                yield f"Jaeger process {pid!r}: {exc}"
     for i, span in enumerate(trace.get("spans") or ()):
         try:
             yield _span_record(span, processes, trace.get("traceID"))
-        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        except _ERRORS as exc:
             yield f"Jaeger span #{i}: {exc}"
 
 
