@@ -87,6 +87,8 @@ class Processor:
         self._decide_lock = asyncio.Lock()
         self._stopping = False
         self._started = False
+        self._stopped = False
+        self._flushed = False
         self.grpc_port: int | None = None
         self.http_port: int | None = None
         self.metrics_port: int | None = None
@@ -161,7 +163,10 @@ class Processor:
     async def stop(self, grace: float | None = None) -> bool:
         """Drain: refuse new requests (retryable), decide everything buffered, and wait up to
         ``grace`` seconds (default: config shutdown.grace_period) for the backend to take the
-        export queue. Returns True when nothing was left waiting (what is left stays on disk)."""
+        export queue. Returns True when nothing was left waiting (what is left stays on disk).
+        Calling it again does nothing."""
+        if self._stopped:
+            return self._flushed
         grace = self.config.shutdown.grace_period if grace is None else grace
         deadline = time.monotonic() + grace
         self._stopping = True
@@ -186,6 +191,7 @@ class Processor:
             self._verdict_log.close()
         self.hub.close()
         self._started = False
+        self._stopped, self._flushed = True, flushed
         return flushed
 
     # ---- receive -------------------------------------------------------------------------------
