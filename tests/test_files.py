@@ -73,13 +73,22 @@ def test_json_lines_trace_split_over_lines_and_a_malformed_line(tmp_path: Path) 
 
 
 def test_json_lines_first_line_malformed(tmp_path: Path) -> None:
-    sdk = agent_traces(1)
-    path = write_json_lines(tmp_path / "t.jsonl", [], extra_lines=["{broken"])
-    with path.open("a") as f:
-        f.write(json.dumps(otlp_json(sdk)) + "\n")
+    traces = by_trace(agent_traces(2))
+    path = tmp_path / "t.jsonl"
+    lines = ["", "{broken", "", json.dumps(otlp_json(traces[0])), "{broken too", json.dumps(otlp_json(traces[1]))]
+    path.write_text("\n".join(lines) + "\n")
     spans, errors = split(list(read_spans(path)))
-    assert ids(spans) == expected_ids(sdk)
-    assert [(e.line, "malformed JSON" in e.message) for e in errors] == [(1, True)]
+    assert ids(spans) == expected_ids(traces[0] + traces[1])
+    assert [(e.line, "malformed JSON" in e.message) for e in errors] == [(2, True), (5, True)]
+
+
+def test_byte_order_mark_before_json(tmp_path: Path) -> None:
+    sdk = agent_traces(1)
+    path = tmp_path / "bom.json"
+    for text in (json.dumps(otlp_json(sdk)), json.dumps(otlp_json(sdk), indent=2)):
+        path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+        spans, errors = split(list(read_spans(path)))
+        assert errors == [] and ids(spans) == expected_ids(sdk)
 
 
 def test_several_traces_per_line(tmp_path: Path) -> None:

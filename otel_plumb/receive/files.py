@@ -167,9 +167,10 @@ def _read_json(name: str, stream: IO[bytes]) -> Iterator[list[Item]]:
         first = stream.readline(LONG_LINE)
         if not first:
             return
+        if lineno == 0:
+            first = first.removeprefix(_BOM)
         lineno += 1
         consumed.append(first)
-    first = first.removeprefix(_BOM) if lineno == 1 else first
     if len(first) >= LONG_LINE and not first.endswith(b"\n"):
         yield from _read_document(name, _Chained(consumed, stream))
         return
@@ -179,17 +180,19 @@ def _read_json(name: str, stream: IO[bytes]) -> Iterator[list[Item]]:
         # Either a pretty-printed document or a malformed first line of JSON lines: a JSON-lines
         # file has a complete value on its next non-blank line.
         second = b""
+        second_lineno = lineno
         while not second.strip():
             second = stream.readline(LONG_LINE)
-            consumed.append(second)
             if not second:
                 break
+            second_lineno += 1
+            consumed.append(second)
         if not _is_json_value(second):
             yield from _read_document(name, _Chained(consumed, stream))
             return
         yield [ReadError(name, f"malformed JSON: {exc}", line=lineno)]
-        yield list(_json_records(name, json.loads(second), line=lineno + len(consumed) - 1))
-        lineno += len(consumed) - 1
+        yield list(_json_records(name, json.loads(second), line=second_lineno))
+        lineno = second_lineno
     else:
         yield list(_json_records(name, obj, line=lineno))
     for line in stream:
