@@ -43,6 +43,8 @@ def test_short_scalar_attributes_are_kept_long_payloads_are_not():
     attributes = {
         "plumb.case.id": "c1",
         "plumb.context.expected_amount": 120.5,
+        "plumb.context.expected_calls": json.dumps(["lookup_invoice"] * 40),  # long, kept
+        "plumb.context.vendors": ["v1", "v2"],
         "invoice.id": "INV-1",
         "gen_ai.tool.call.arguments": json.dumps({"blob": "y" * 400}),
         "llm.input_messages.0.message.content": "short but flattened",
@@ -61,6 +63,8 @@ def test_short_scalar_attributes_are_kept_long_payloads_are_not():
         "host.name": "h1",
         "plumb.case.id": "c1",
         "plumb.context.expected_amount": 120.5,
+        "plumb.context.expected_calls": json.dumps(["lookup_invoice"] * 40),
+        "plumb.context.vendors": ["v1", "v2"],
         "invoice.id": "INV-1",
         "flag": True,
         "traceloop.association.properties.customer_id": "cust-9",

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from otel_plumb.model.span import STATUS_ERROR, SpanRecord
-from otel_plumb.model.trajectory import NormalisedSpan, RequestedCall
+from otel_plumb.model.trajectory import RESERVED_PREFIX, NormalisedSpan, RequestedCall
 from otel_plumb.normalise.values import decode, is_placeholder
 
 # A convention reader fills in kind, name, convention, args, ... on a base NormalisedSpan.
@@ -185,35 +185,41 @@ def short_attributes(span: SpanRecord) -> dict[str, Any]:
     return out
 
 
-# Per span attribute key: kept or not. Keys repeat across spans; the cache is dropped when it
+# Per attribute key: how it is kept. Keys repeat across spans; the cache is dropped when it
 # grows past a bound so odd key spaces cannot grow it forever.
-_key_kept: dict[str, bool] = {}
+_DROP, _IF_SHORT, _ALWAYS = 0, 1, 2
+_key_rule: dict[tuple[str, bool], int] = {}
 _KEY_CACHE_MAX = 50_000
 
 
-def _kept_key(key: str) -> bool:
-    return key.startswith(_USER_PREFIXES) or not key.startswith(_CONVENTION_PREFIXES)
+def _rule(key: str, resource: bool) -> int:
+    if key.startswith(RESERVED_PREFIX):
+        return _ALWAYS  # ground truth and campaign labels, whatever their size
+    if resource or key.startswith(_USER_PREFIXES) or not key.startswith(_CONVENTION_PREFIXES):
+        return _IF_SHORT
+    return _DROP
 
 
 def _short(attrs: Mapping[str, Any], *, resource: bool) -> dict[str, Any]:
-    """Short scalars; for span attributes, only the keys ``_kept_key`` keeps."""
+    """Short scalars, the reserved ``plumb.*`` attributes whatever they hold, and for span
+    attributes only keys outside the conventions' own namespaces."""
     out: dict[str, Any] = {}
-    kept = _key_kept
+    rules = _key_rule
     for k, v in attrs.items():
-        t = type(v)
-        if t is str:
-            if len(v) > MAX_ATTRIBUTE_CHARS:
+        rule = rules.get((k, resource))
+        if rule is None:
+            if len(rules) >= _KEY_CACHE_MAX:
+                rules.clear()
+            rule = rules[(k, resource)] = _rule(k, resource)
+        if rule == _IF_SHORT:
+            t = type(v)
+            if t is str:
+                if len(v) > MAX_ATTRIBUTE_CHARS:
+                    continue
+            elif t is not int and t is not float and t is not bool:
                 continue
-        elif t is not int and t is not float and t is not bool:
+        elif rule == _DROP:
             continue
-        if not resource:
-            keep = kept.get(k)
-            if keep is None:
-                if len(kept) >= _KEY_CACHE_MAX:
-                    kept.clear()
-                keep = kept[k] = _kept_key(k)
-            if not keep:
-                continue
         out[k] = v
     return out
 
