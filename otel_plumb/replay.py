@@ -93,7 +93,10 @@ def iter_trajectories(
     group_by: GroupBy = "trace",
     window_spans: int = DEFAULT_WINDOW_SPANS,
 ) -> Iterator[Trajectory]:
-    """Trajectories as they are assembled (streaming); ``stats`` is filled in along the way."""
+    """Trajectories as they are assembled (streaming); ``stats`` is filled in along the way.
+
+    Exhaust the iterator or ``close()`` it: Python's cyclic garbage collector is paused until then.
+    """
     assembler = Assembler(replay_limits(group_by, window_spans))
     add, due = assembler.add, assembler.due
     # Span ids of the traces being assembled: a span exported twice (a retried export, the

@@ -137,3 +137,19 @@ def test_spans_read_twice_become_one_step(tmp_path: Path) -> None:
     assert twice.stats.duplicate_spans == 8 and once.stats.duplicate_spans == 0
     assert [tool_path(t) for t in twice.trajectories] == [tool_path(t) for t in once.trajectories]
     assert [len(t.steps) for t in twice.trajectories] == [4, 4]
+
+
+def test_garbage_collector_state_restored_after_replay_and_when_closed_early(tmp_path: Path) -> None:
+    import gc
+
+    from otel_plumb.replay import ReplayStats, iter_trajectories
+
+    path = write_records(tmp_path / "t.pb", by_trace(agent_traces(3)))
+    assert gc.isenabled()
+    replay([path])
+    assert gc.isenabled()
+    stream = iter_trajectories([path], ReplayStats(), window_spans=4)
+    next(stream)
+    assert not gc.isenabled()
+    stream.close()
+    assert gc.isenabled()
