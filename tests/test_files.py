@@ -358,6 +358,20 @@ def test_camel_and_snake_case_enum_names_and_numbers_int64_string_and_number(tmp
     assert 2 in {r[7] for r in results[0]}  # STATUS_CODE_ERROR
 
 
+def test_tempo_batches_with_base64_ids(tmp_path: Path) -> None:
+    """Grafana Tempo's trace JSON: ``batches`` for resourceSpans and proto3 JSON's base64 ids."""
+    sdk = agent_traces(2)
+    proto3 = json_format.MessageToDict(request(sdk))  # ids stay base64
+    assert len(proto3["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"]) == 24
+    tempo = {"batches": proto3["resourceSpans"]}
+    for doc, indent in ((tempo, None), (tempo, 2), ({"trace": proto3}, None), ({"trace": tempo}, 2)):
+        path = tmp_path / "tempo.json"
+        path.write_text(json.dumps(doc, indent=indent))
+        spans, errors = split(list(read_spans(path)))
+        assert errors == [] and ids(spans) == expected_ids(sdk), (list(doc), indent)
+        assert sum(1 for s in spans if s.parent_span_id is None) == 2
+
+
 def test_missing_file_and_directory_are_errors(tmp_path: Path) -> None:
     items = list(read_files([tmp_path / "nope.json", tmp_path]))
     assert [type(i) for i in items] == [ReadError, ReadError]

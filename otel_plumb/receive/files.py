@@ -48,9 +48,14 @@ _BLANK = b" \t\r\n"
 _BOM = b"\xef\xbb\xbf"
 # Signals other than traces that a Collector file may carry: skipped without complaint.
 _OTHER_SIGNALS = ("resourceLogs", "resource_logs", "resourceMetrics", "resource_metrics", "resourceProfiles")
-# ijson prefixes of the items streamed out of one JSON document: OTLP ResourceSpans, Jaeger
-# traces, Jaeger's v3 API ({"result": {"resourceSpans": ...}}), and a top-level array of any.
-_OTLP_ITEMS = ("resourceSpans.item", "resource_spans.item", "result.resourceSpans.item", "result.resource_spans.item")
+# ijson prefixes of the items streamed out of one JSON document: OTLP ResourceSpans (Tempo
+# calls them batches), Jaeger traces, Jaeger's v3 API ({"result": {"resourceSpans": ...}}),
+# Tempo's v2 API ({"trace": {...}}), and a top-level array of any.
+_OTLP_ITEMS = tuple(
+    f"{wrapper}{key}.item"
+    for wrapper in ("", "result.", "trace.")
+    for key in ("resourceSpans", "resource_spans", "batches")
+)
 _ITEM_KINDS: dict[str, str] = {
     **{p: "otlp" for p in _OTLP_ITEMS},
     **{f"item.{p}": "otlp" for p in _OTLP_ITEMS},
@@ -226,10 +231,11 @@ def _json_records(
     if not isinstance(obj, dict):
         yield ReadError(name, f"expected a JSON object, got {type(obj).__name__}", line, offset)
         return
-    if "resourceSpans" in obj or "resource_spans" in obj:
+    if "resourceSpans" in obj or "resource_spans" in obj or isinstance(obj.get("batches"), list):
         yield from _otlp_json_records(name, obj, line, offset)
-    elif isinstance(obj.get("result"), dict):
-        yield from _json_records(name, obj["result"], line=line, offset=offset, nested=True)
+    elif isinstance(obj.get("result"), dict) or isinstance(obj.get("trace"), dict):
+        inner = obj["result"] if isinstance(obj.get("result"), dict) else obj["trace"]
+        yield from _json_records(name, inner, line=line, offset=offset, nested=True)
     elif isinstance(obj.get("data"), list):
         for trace in obj["data"]:
             yield from _jaeger_records(name, trace, line, offset)

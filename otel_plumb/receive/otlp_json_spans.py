@@ -4,8 +4,9 @@ Trace files are mostly OTLP/JSON (the Collector file exporter's default), and go
 ``json_format.ParseDict`` and back out of protobuf costs ten times more than reading the
 dicts. This reader accepts what protobuf's JSON parser accepts for these messages: lowerCamelCase
 or proto (snake_case) field names, enum names or numbers, 64-bit integers as numbers or
-strings, ``NaN``/``Infinity`` doubles, standard or URL-safe base64 bytes; ids are hex, as
-OTLP/JSON specifies. Unknown fields are ignored. A span that cannot be read is reported on its
+strings, ``NaN``/``Infinity`` doubles, standard or URL-safe base64 bytes. Ids are hex, as
+OTLP/JSON specifies, or base64 as plain proto3 JSON (and Grafana Tempo, whose ``batches`` are
+read as ``resourceSpans``) writes them. Unknown fields are ignored. A span that cannot be read is reported on its
 own, and the other spans of the request are kept.
 """
 
@@ -35,7 +36,7 @@ _DOUBLE_WORDS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": flo
 
 def request_spans(obj: dict[str, Any]) -> Iterator[SpanRecord | str]:
     """The spans of one request; a span (or resource) that cannot be read yields a message."""
-    for rs in _list(obj, "resourceSpans", "resource_spans"):
+    for rs in _list(obj, "resourceSpans", "resource_spans") or _list(obj, "batches", "batches"):
         try:
             resource_obj = _dict(rs, "resource", "resource")
             resource = attributes(resource_obj.get("attributes"))
@@ -223,6 +224,15 @@ def _enum(value: Any, names: dict[str, int], what: str) -> int:
 
 
 def _hex(value: Any, width: int, what: str) -> str:
-    if type(value) is not str or len(value) != width or not _HEX.issuperset(value):
-        raise ValueError(f"{what} is not {width} hex digits: {value!r}")
-    return value.lower()
+    if type(value) is str:
+        if len(value) == width and _HEX.issuperset(value):
+            return value.lower()
+        # base64 of the id's bytes: 24 characters for a trace id, 12 for a span id
+        if len(value) == (width // 2 + 2) // 3 * 4:
+            try:
+                raw = base64.b64decode(value, altchars=b"-_", validate=True)
+            except binascii.Error:
+                raw = b""
+            if len(raw) == width // 2:
+                return raw.hex()
+    raise ValueError(f"{what} is not {width} hex digits: {value!r}")
