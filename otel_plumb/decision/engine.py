@@ -409,19 +409,18 @@ def resolve_dataset(loaded: LoadedContract, dataset: str | Path | None) -> Datas
 
 
 @contextmanager
-def paused_gc(*, freeze: bool = False) -> Iterator[None]:
+def paused_gc() -> Iterator[None]:
     """A run allocates hundreds of thousands of small acyclic objects; the cyclic collector would
     rescan the growing heap again and again (it doubled run time), so it waits until the run is
-    over. With ``freeze`` (one-shot command-line runs) the survivors then go to the permanent
-    generation instead of being scanned once more: they hold no cycles, so reference counting
-    still frees them."""
+    over. The survivors are then moved to the oldest generation without a scan (freeze, then
+    unfreeze): a later full collection still sees them, but no young collection rescans them."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        if freeze:
-            gc.freeze()
+        gc.freeze()
+        gc.unfreeze()
         if was_enabled:
             gc.enable()
 
