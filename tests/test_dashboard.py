@@ -94,6 +94,8 @@ def prometheus(tmp_path: Path, target: str) -> Iterator[str]:
             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{port}",
             "--log.level=warn",
+            # The exemplars the dashboard links to traces.
+            "--enable-feature=exemplar-storage",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -138,6 +140,14 @@ def query(url: str, expr: str, instant: bool) -> dict[str, Any]:
     return body
 
 
+def query_exemplars(url: str, expr: str) -> list[dict[str, Any]]:
+    now = time.time()
+    params = urllib.parse.urlencode({"query": expr, "start": f"{now - 300:.3f}", "end": f"{now:.3f}"})
+    with urllib.request.urlopen(f"{url}/api/v1/query_exemplars?{params}", timeout=10) as resp:
+        series: list[dict[str, Any]] = json.load(resp)["data"]
+    return series
+
+
 def label_values(url: str, label: str, match: str) -> list[str]:
     params = urllib.parse.urlencode({"match[]": match})
     with urllib.request.urlopen(f"{url}/api/v1/label/{label}/values?{params}", timeout=10) as resp:
@@ -159,11 +169,11 @@ async def processor(tmp_path: Path) -> AsyncIterator[Processor]:
         await backend.stop()
 
 
-async def feed(processor: Processor) -> None:
+async def feed(processor: Processor) -> list[dict[str, Any]]:
     """The bundled agent (some runs deliberately faulty) sends its traces over the real OTLP
-    exporter; returns once every trajectory is decided."""
-    decided: list[str] = []
-    processor.on_decided(lambda record, _t, _v: decided.append(record["status"]))
+    exporter; returns the trajectory records once every trajectory is decided."""
+    decided: list[dict[str, Any]] = []
+    processor.on_decided(lambda record, _t, _v: decided.append(record))
     provider, _ = agent_provider(processor.grpc_port or 0)
 
     def agent() -> None:
@@ -172,7 +182,8 @@ async def feed(processor: Processor) -> None:
 
     await asyncio.to_thread(agent)
     await wait_until(lambda: len(decided) == len(INVOICES), DEADLINE, "every trajectory decided")
-    assert {"conformant", "violating"} <= set(decided)
+    assert {"conformant", "violating"} <= {r["status"] for r in decided}
+    return decided
 
 
 async def test_every_panel_query_returns_data(processor: Processor, tmp_path: Path) -> None:
@@ -187,7 +198,7 @@ async def test_every_panel_query_returns_data(processor: Processor, tmp_path: Pa
         async with asyncio.timeout(DEADLINE):
             while not (await asyncio.to_thread(query, url, 'up{job="otel-plumb"} == 1', True))["data"]["result"]:
                 await asyncio.sleep(0.2)
-        await feed(processor)
+        decided = await feed(processor)
         pending = dict.fromkeys(targets, "not queried yet")
         deadline = time.monotonic() + DEADLINE
         # Recording rules need a scrape and an evaluation or two: poll until every query has data.
@@ -212,3 +223,9 @@ async def test_every_panel_query_returns_data(processor: Processor, tmp_path: Pa
             values = await asyncio.to_thread(label_values, url, m.group(2), substitute(m.group(1), variables))
             assert values, variable["name"]
         assert await asyncio.to_thread(label_values, url, "policy", "plumb_trajectories_total") == ["ap-controls"]
+
+        # Violation exemplars carry the trace_id of a violating trajectory.
+        violating = {r["trace_id"] for r in decided if r["status"] == "violating"}
+        exemplars = await asyncio.to_thread(query_exemplars, url, "plumb_violations_total")
+        assert {e["labels"]["trace_id"] for series in exemplars for e in series["exemplars"]} <= violating
+        assert exemplars
