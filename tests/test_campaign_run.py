@@ -43,7 +43,7 @@ def silent(request):
 
 
 def setup_campaign(tmp_path: Path, arms: str, perturbations: str, cases: int = 2, extra: str = "",
-                   traces: str = "{receiver: embedded, deadline_s: 5}") -> Path:
+                   traces: str = "{receiver: embedded, deadline_s: 20}") -> Path:
     shutil.copy(EXAMPLE / "agent.py", tmp_path / "agent.py")
     shutil.copy(EXAMPLE / "ap.yaml", tmp_path / "ap.yaml")
     # Module names of their own per test: Python callables are imported once per process.
@@ -255,7 +255,7 @@ async def test_trajectories_from_a_running_processor_watch_stream(tmp_path, monk
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{processor.http_port}")
         path = setup_campaign(tmp_path, "  naive: {python: {callable: 'counting:run_naive'}}\n",
                               "  baseline: {repeats: 2}\n", cases=1,
-                              traces=f"{{watch: 'grpc://127.0.0.1:{processor.grpc_port}', deadline_s: 5}}")
+                              traces=f"{{watch: 'grpc://127.0.0.1:{processor.grpc_port}', deadline_s: 20}}")
         report = await run_once(path, Store(tmp_path / "runs.db"))
     finally:
         await processor.stop(grace=1)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -60,7 +61,7 @@ def fake_extract(text: str) -> dict[str, Any]:
 
 
 def llm_extract(
-    text: str, tools: list[dict[str, Any]], temperature: float | None, tracer: trace.Tracer
+    text: str, tools: list[dict[str, Any]], temperature: float | None, tracer: trace.Tracer, seed: int = 7
 ) -> dict[str, Any]:
     url = os.environ.get("AP_LLM_URL")
     model = os.environ.get("AP_LLM_MODEL", "SmolLM2-135M-Instruct" if url else "fake-regex-extractor")
@@ -78,7 +79,7 @@ def llm_extract(
             "model": model,
             "temperature": 0.0 if temperature is None else temperature,
             "max_tokens": 40,
-            "seed": 7,
+            "seed": seed,
             "messages": [
                 {"role": "system", "content": "Extract the invoice id and the amount from the request as JSON."
                  + tool_note},
@@ -192,7 +193,10 @@ def handle(request: dict[str, Any], retries: int, carrier: dict[str, Any] | None
 
 
 def _process(tracer: trace.Tracer, faults: Faults, ledger: Ledger, request: dict[str, Any], retries: int) -> str:
-    got = llm_extract(request["input"], request.get("extra_tools") or [], request.get("temperature"), tracer)
+    # The sampling seed follows the trial: a repeated trial samples the same way (replayable),
+    # different trials of a sampling variant sample differently.
+    seed = int(hashlib.sha256(str(request.get("trial_id", "")).encode()).hexdigest()[:8], 16)
+    got = llm_extract(request["input"], request.get("extra_tools") or [], request.get("temperature"), tracer, seed)
     invoice_id = got["invoice_id"]
     if not invoice_id:
         return "no invoice id found"
