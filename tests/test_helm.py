@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -213,3 +214,12 @@ def test_values_files_match_the_schema(tmp_path: Path) -> None:
     result = check_jsonschema(bad)
     assert result.returncode != 0
     assert "endpoint" in result.stdout and "replicas" in result.stdout
+
+
+def test_deploying_doc_names_files_that_exist() -> None:
+    """The walk-throughs only use files that ship: every repository path in the doc exists."""
+    doc = (ROOT / "docs" / "deploying.md").read_text()
+    paths = set(re.findall(r"(?<![\w/.-])((?:configs|helm|proto|docs)/[\w./-]*\w)", doc))
+    assert len(paths) > 10
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, missing
