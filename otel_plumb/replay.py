@@ -74,7 +74,8 @@ class ReplayResult:
 
 def replay_limits(group_by: GroupBy = "trace", window_spans: int = DEFAULT_WINDOW_SPANS) -> AssemblyLimits:
     """Assembly limits for replay. Time is counted in spans read, so "idle" means "no span of
-    this trace among the last ``window_spans`` spans"; nothing is cut short by wall-clock."""
+    this trace among the last ``window_spans`` spans"; nothing is cut short by wall-clock.
+    Sessions are held to the end of the input: a conversation may span the whole file."""
     return AssemblyLimits(
         idle_timeout_s=float(window_spans),
         max_wait_s=float("inf"),
@@ -82,7 +83,7 @@ def replay_limits(group_by: GroupBy = "trace", window_spans: int = DEFAULT_WINDO
         max_spans_per_trace=100_000,
         decided_cache_size=1_000_000,
         group_by=group_by,
-        session_idle_timeout_s=float(window_spans),
+        session_idle_timeout_s=float("inf"),
     )
 
 

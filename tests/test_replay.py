@@ -153,3 +153,20 @@ def test_garbage_collector_state_restored_after_replay_and_when_closed_early(tmp
     assert not gc.isenabled()
     stream.close()
     assert gc.isenabled()
+
+
+def test_session_spread_through_the_file_stays_one_trajectory(tmp_path: Path) -> None:
+    traces = by_trace(agent_traces(8))
+    lines = []
+    for i, trace in enumerate(traces):
+        doc = otlp_json(trace)
+        if i in (0, 7):  # the first and last trace of the file are two turns of one conversation
+            for span in doc["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+                span["attributes"].append({"key": "session.id", "value": {"stringValue": "s-1"}})
+        lines.append(json.dumps(doc))
+    path = tmp_path / "turns.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    result = replay([path], group_by="session", window_spans=4)
+    sessions = [t for t in result.trajectories if t.session_id == "s-1"]
+    assert len(sessions) == 1 and len(sessions[0].trace_ids) == 2
+    assert len(result.trajectories) == 7 and result.stats.late_spans == 0
