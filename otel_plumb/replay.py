@@ -81,7 +81,6 @@ def replay_limits(group_by: GroupBy = "trace", window_spans: int = DEFAULT_WINDO
         max_wait_s=float("inf"),
         max_traces=1_000_000,
         max_spans_per_trace=100_000,
-        decided_cache_size=1_000_000,
         group_by=group_by,
         session_idle_timeout_s=float("inf"),
     )
