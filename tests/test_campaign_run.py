@@ -337,3 +337,22 @@ def test_cli_run_report_parity_show_replay_minimise(tmp_path):
     bad.write_text(path.read_text().replace("seed: 42", "seed: 42\nsed: 1"))
     res = cli_runner.invoke(cli, ["campaign", "run", str(bad), "--store", db])
     assert res.exit_code == 2 and "unknown key 'sed'" in res.output
+
+
+def test_minimise_drops_the_harmless_steps_of_a_failing_variant(tmp_path):
+    perturbations = ("  distractor: {fragments: ['Lunch is at noon.', "
+                     "'Another supplier billed £12,000.00 last month.'], insertions: 2, samples: 4}\n")
+    path = setup_campaign(tmp_path, "  naive: {python: {callable: 'counting:run_naive'}}\n", perturbations, cases=3)
+    db = str(tmp_path / "runs.db")
+    cli_runner = CliRunner()
+    res = cli_runner.invoke(cli, ["campaign", "run", str(path), "--store", db, "--json", str(tmp_path / "r.json"),
+                                  "-q"])
+    report = json.loads((tmp_path / "r.json").read_text())
+    store = Store(db)
+    two_steps = {v.variant_id for v in store.variants(report["run_id"]) if len(v.steps) == 2}
+    failing = [t["variant_id"] for t in report["trials"] if t["status"] == "violating" and t["variant_id"] in two_steps]
+    assert failing, res.output  # a distractor amount read before the invoice's own breaks the payment
+    res = cli_runner.invoke(cli, ["campaign", "minimise", report["run_id"], "--variant", failing[0], "--trials", "1",
+                                  "--store", db])
+    assert res.exit_code == 0, res.output
+    assert "(2 -> 1" in res.output and "12,000.00" in res.output
