@@ -5,6 +5,7 @@ top logprobs, the openai paraphraser, plugins through the entry-point group, and
 from __future__ import annotations
 
 import json
+import math
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -194,8 +195,6 @@ async def test_openai_backend_reads_option_logprobs(serve: Any) -> None:
     body = requests[0]
     assert body["logprobs"] is True and body["top_logprobs"] == 20 and body["max_tokens"] == 1 and body["seed"] == 7
     assert "A) technical\nB) account\nC) billing" in body["messages"][1]["content"]
-    import math
-
     mass = {"technical": math.exp(-1.5) + math.exp(-2.5), "account": math.exp(-0.5), "billing": math.exp(-3.0)}
     total = sum(mass.values())
     assert result.probabilities == pytest.approx({k: v / total for k, v in mass.items()})
@@ -310,3 +309,44 @@ def test_result_json_has_decguard_fields() -> None:
     from decguard.decisions import DecisionResult
 
     assert DecisionResult.model_validate(result.to_json()).selected == "billing"
+
+
+async def test_openai_backend_with_label_tokens(serve: Any) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        body = await request.json()
+        assert "- billing\n- technical\n- account" in body["messages"][1]["content"]
+        return web.json_response(_logprobs_answer({" Technical": -0.2, "bill": -2.0, "acc": -3.0, "x": -0.5}))
+
+    url = await serve(handler)
+    config = BackendConfig(provider="openai", url=url, api_key_env=None, options="labels")
+    backend = create_backend(config, decision=SPEC)
+    result = await backend.decide(Request("r", SPEC, "x"))
+    await backend.aclose()
+    assert result.selected == "technical" and result.metadata["options_missing"] == []
+    assert result.probabilities["billing"] == pytest.approx(math.exp(-2.0) / sum(math.exp(v) for v in (-0.2, -2, -3)))
+
+
+async def test_http_backend_overlaps_requests_and_checks_health(serve: Any) -> None:
+    import asyncio
+
+    active = {"now": 0, "peak": 0}
+
+    async def handler(request: web.Request) -> web.Response:
+        if request.method == "GET":
+            return web.Response(status=503)
+        active["now"] += 1
+        active["peak"] = max(active["peak"], active["now"])
+        await asyncio.sleep(0.05)
+        active["now"] -= 1
+        return web.json_response({"probabilities": {"billing": 1.0, "technical": 0.0, "account": 0.0}})
+
+    from otel_plumb.decision.engine import decide_cases
+    from otel_plumb.decision.model import Case
+
+    url = await serve(handler)
+    backend = http_backend(url, health_url=url + "health")
+    assert (await backend.healthcheck()).status == "unhealthy"
+    records = await decide_cases(backend, SPEC, [Case(f"c{i}", "x") for i in range(8)], concurrency=4, tolerance=1e-3)
+    await backend.aclose()
+    assert [r.case.id for r in records] == [f"c{i}" for i in range(8)] and all(r.result for r in records)
+    assert active["peak"] == 4

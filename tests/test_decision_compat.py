@@ -242,3 +242,74 @@ def test_run_applies_the_policy_like_decguard(tmp_path: Path) -> None:
         assert ours.exit_code == theirs.exit_code == 0
         assert differences(json.loads(ours.output), json.loads(theirs.output)) == []
     assert CliRunner().invoke(decision, ["run", str(FIXTURES / "severity_score.yaml"), "x"]).exit_code == 2
+
+
+def test_rejudge_and_diff_cli_match_decguard(tmp_path: Path) -> None:
+    from decguard.cli import app
+    from typer.testing import CliRunner as TyperRunner
+
+    contract = FIXTURES / "triage_choice.yaml"
+    dg_write_report(dg_run_test(contract, mode="all"), tmp_path / "base.json")
+    dg_write_report(dg_run_test(contract, mode="all", backend="fair"), tmp_path / "cand.json")
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(
+        contract.read_text()
+        .replace("max_tv_distance: 0.05\n    max_flip_rate: 0.1", "max_tv_distance: 0.5\n    max_flip_rate: 0.5")
+        .replace("triage_paraphrases.jsonl", str(FIXTURES / "triage_paraphrases.jsonl"))
+        .replace("triage_choice.jsonl", str(FIXTURES / "triage_choice.jsonl"))
+    )
+    for args in (
+        ["report", str(tmp_path / "base.json"), "-c", str(edited), "-f", "json"],
+        ["diff", str(tmp_path / "base.json"), str(tmp_path / "cand.json"), "-c", str(contract), "-f", "json"],
+        ["diff", str(tmp_path / "base.json"), str(tmp_path / "cand.json"), "-s", "channel", "-f", "json"],
+    ):
+        ours = CliRunner().invoke(decision, args)
+        theirs = TyperRunner().invoke(app, args)
+        assert ours.exit_code == theirs.exit_code, (args, ours.output[-500:])
+        assert differences(json.loads(ours.output), json.loads(theirs.output)) == [], args
+    rejudged = json.loads(
+        CliRunner().invoke(decision, ["report", str(tmp_path / "base.json"), "-c", str(edited), "-f", "json"]).output
+    )
+    option_order = {c["gate"]: c["status"] for c in rejudged["checks"]}
+    assert option_order["option_order.max_flip_rate"] == "pass"
+
+
+def test_production_baseline_matches_decguard(tmp_path: Path) -> None:
+    from decguard.production.report import write_production_report
+
+    def records(shift: float) -> str:
+        rows = []
+        for i in range(12):
+            p = min(0.95, 0.5 + shift + 0.03 * (i % 5))
+            probs = {"billing": p, "technical": (1 - p) / 2, "account": (1 - p) / 2}
+            rows.append(
+                {
+                    "id": f"r{i}",
+                    "decision": "ticket_route",
+                    "probabilities": probs,
+                    "selected": "billing",
+                    "outcome": "billing" if i % 3 else "technical",
+                    "timestamp": "2026-01-01T00:00:00Z",
+                    "metadata": {"tier": i % 2 == 0},
+                }
+            )
+        return "".join(json.dumps(r) + "\n" for r in rows)
+
+    (tmp_path / "base.jsonl").write_text(records(0.0))
+    (tmp_path / "now.jsonl").write_text(records(0.3))
+    contract = tmp_path / "c.yaml"
+    contract.write_text(
+        (FIXTURES / "triage_choice.yaml")
+        .read_text()
+        .replace("triage_paraphrases.jsonl", str(FIXTURES / "triage_paraphrases.jsonl"))
+        + "production:\n  segments: [tier]\n  requirements: {max_confidence_tv_distance: 0.2, max_ece_increase: 0.5}\n"
+    )
+    dg_base = dg_run_check(contract, dataset=tmp_path / "base.jsonl")
+    write_production_report(dg_base, tmp_path / "base_report.json")
+    for baseline in (tmp_path / "base.jsonl", tmp_path / "base_report.json"):
+        mine = run_check(contract, dataset=tmp_path / "now.jsonl", baseline=baseline)
+        reference = json.loads(
+            dg_run_check(contract, dataset=tmp_path / "now.jsonl", baseline=baseline).model_dump_json()
+        )
+        assert differences(mine, reference) == []
+        assert mine["drift"]["confidence_tv_distance"] is not None and mine["status"] == "fail"

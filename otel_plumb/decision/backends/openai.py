@@ -92,14 +92,17 @@ class OpenAIBackend(Backend):
             ask = "Answer with one option only."
         return f"{text}\n\nOptions:\n{listed}\n\n{ask}"
 
-    def _keys(self, labels: tuple[str, ...]) -> dict[str, str]:
-        """Normalised token -> label it names."""
+    def _label_of(self, token: str, labels: tuple[str, ...]) -> str | None:
+        """The option a token names: a letter, or the start of exactly one label (models often
+        answer with the first sub-word token of a label)."""
+        key = _token_key(token)
+        if not key:
+            return None
         if self.settings.options == "letters":
-            return {LETTERS[i].casefold(): label for i, label in enumerate(labels)}
-        keys: dict[str, str] = {}
-        for label in labels:
-            keys.setdefault(_token_key(label), label)
-        return keys
+            index = LETTERS.find(key.upper()) if len(key) == 1 else -1
+            return labels[index] if 0 <= index < len(labels) else None
+        named = [label for label in labels if _token_key(label).startswith(key)]
+        return named[0] if len(named) == 1 else None
 
     async def predict(self, request: Request) -> Prediction:
         payload: dict[str, Any] = {
@@ -126,7 +129,6 @@ class OpenAIBackend(Backend):
             raise InvalidResponse(
                 f"backend {self.name!r} returned no top logprobs (does the server support them?)"
             ) from exc
-        keys = self._keys(labels)
         mass = dict.fromkeys(labels, 0.0)
         for item in top:
             if not isinstance(item, dict) or not isinstance(item.get("token"), str):
@@ -134,7 +136,7 @@ class OpenAIBackend(Backend):
             logprob = item.get("logprob")
             if isinstance(logprob, bool) or not isinstance(logprob, int | float) or math.isnan(logprob) or logprob > 0:
                 raise InvalidResponse(f"backend {self.name!r} returned logprob {logprob!r}")
-            label = keys.get(_token_key(item["token"]))
+            label = self._label_of(item["token"], labels)
             if label is not None:
                 mass[label] += math.exp(logprob)
         total = math.fsum(mass.values())
