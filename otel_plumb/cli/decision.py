@@ -10,7 +10,7 @@ import asyncio
 import json
 import os
 import traceback
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,8 +40,8 @@ def _errors() -> Iterator[None]:
         raise RunError(f"internal error: {type(exc).__name__}: {exc} (set OTEL_PLUMB_DEBUG=1 for a traceback)") from exc
 
 
-def _run(factory: Callable[[], Awaitable[T]]) -> T:
-    return asyncio.run(factory())  # type: ignore[arg-type]
+def _run(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    return asyncio.run(factory())
 
 
 def _finish(status: str, fail_on_warn: bool) -> None:

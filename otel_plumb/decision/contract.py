@@ -69,6 +69,7 @@ class DecisionSpec:
 
 
 class _Decision(Strict):
+    type: DecisionType
     name: Name
     description: str | None = None
 
@@ -76,7 +77,7 @@ class _Decision(Strict):
         raise NotImplementedError
 
     def spec(self) -> DecisionSpec:
-        return DecisionSpec(self.name, self.type, self.labels(), self.description)  # type: ignore[attr-defined]
+        return DecisionSpec(self.name, self.type, self.labels(), self.description)
 
 
 class ChoiceDecision(_Decision):

@@ -14,7 +14,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from otel_plumb.decision.contract import ParaphraseSource
 from otel_plumb.decision.errors import BackendTimeout, BackendUnavailable, ContractError, ParaphraseError
-from otel_plumb.decision.openai_client import ChatClient, check_url, redact_url
+from otel_plumb.decision.httpclient import ChatClient, check_url, redact_url
 from otel_plumb.decision.validation import Strict, format_errors, unique_keys
 
 ENTRY_POINT_GROUP = "otel_plumb.decision_paraphrasers"

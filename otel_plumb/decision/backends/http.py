@@ -15,8 +15,8 @@ from yarl import URL
 from otel_plumb.decision.backends.base import Backend, BackendInfo, Health, validate_settings
 from otel_plumb.decision.contract import BackendConfig, DecisionSpec
 from otel_plumb.decision.errors import BackendError, ContractError, InvalidResponse
+from otel_plumb.decision.httpclient import HttpClient, check_url, env_value, redact_url
 from otel_plumb.decision.model import Prediction, Request
-from otel_plumb.decision.openai_client import HttpClient, check_url, env_value, redact_url
 from otel_plumb.decision.validation import Strict
 
 PROTOCOL = "decguard.http/0.1"

@@ -21,8 +21,8 @@ from pydantic import Field, field_validator
 from otel_plumb.decision.backends.base import Backend, BackendInfo, Health, validate_settings
 from otel_plumb.decision.contract import BackendConfig, DecisionSpec
 from otel_plumb.decision.errors import BackendError, ContractError, InvalidResponse
+from otel_plumb.decision.httpclient import ChatClient, check_url, redact_url
 from otel_plumb.decision.model import Prediction, Request
-from otel_plumb.decision.openai_client import ChatClient, check_url, redact_url
 from otel_plumb.decision.validation import Strict
 
 LETTERS = string.ascii_uppercase
