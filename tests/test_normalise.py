@@ -302,3 +302,22 @@ def test_redacted_fields_inside_captured_arguments_are_named():
         "gen_ai.tool.call.arguments: argument 'card' is a redaction placeholder",
         "gen_ai.tool.call.arguments: argument 'note' is a redaction placeholder",
     ]
+
+
+def test_only_results_given_back_since_the_last_model_turn_are_kept():
+    history = [
+        {"role": "user", "content": "pay"},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "a"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"n": 1}'},
+        {"role": "assistant", "tool_calls": [{"id": "c2", "type": "function", "function": {"name": "b"}}]},
+        {"role": "tool", "tool_call_id": "c2", "content": '{"n": 2}'},
+    ]
+    attributes = {"gen_ai.operation.name": "chat", "gen_ai.input.messages": json.dumps(history)}
+    assert normalise(span(attributes)).tool_results == {"c2": {"n": 2}}
+    flat = {"openinference.span.kind": "LLM"}
+    for i, m in enumerate(history):
+        flat[f"llm.input_messages.{i}.message.role"] = m["role"]
+        if "tool_call_id" in m:
+            flat[f"llm.input_messages.{i}.message.tool_call_id"] = m["tool_call_id"]
+            flat[f"llm.input_messages.{i}.message.content"] = m["content"]
+    assert normalise(span(flat)).tool_results == {"c2": {"n": 2}}

@@ -318,9 +318,11 @@ def flat_calls(messages: list[dict[str, Any]], calls_prefix: str, fields: tuple[
 
 
 def flat_results(messages: list[dict[str, Any]], role_key: str, id_key: str, content_key: str) -> dict[str, Any]:
-    """Tool results from flattened input messages with role "tool", by tool-call id."""
+    """Tool results from flattened input messages with role "tool", by tool-call id: those after
+    the last assistant message (see ``messages.tool_results``)."""
     out: dict[str, Any] = {}
-    for message in messages:
+    last_assistant = max((i for i, m in enumerate(messages) if m.get(role_key) == "assistant"), default=-1)
+    for message in messages[last_assistant + 1 :]:
         call_id = as_str(message.get(id_key))
         if message.get(role_key) == "tool" and call_id is not None:
             content = decode(message.get(content_key))

@@ -121,13 +121,18 @@ def read_input(out: NormalisedSpan, raw: Any, source: str) -> None:
 
 
 def read_legacy_events(span: SpanRecord, out: NormalisedSpan) -> None:
-    """The event-based form: ``gen_ai.choice`` (the output) and ``gen_ai.tool.message`` (a result)."""
+    """The event-based form: ``gen_ai.choice`` (the output) and ``gen_ai.tool.message`` (a
+    result; only those after the last ``gen_ai.assistant.message``, as for message lists)."""
+    results: dict[str, Any] = {}
     for e in span.events:
         if e.name == "gen_ai.choice":
             payload = {k: decode(v).value for k, v in e.attributes.items()}
             out.requested_calls.extend(messages.requested_calls(payload))
+        elif e.name == "gen_ai.assistant.message":
+            results.clear()
         elif e.name == "gen_ai.tool.message":
             call_id = as_str(e.attributes.get("id") or e.attributes.get("tool_call_id"))
             if call_id is not None:
                 content = decode(e.attributes.get("content"))
-                out.tool_results[call_id] = content.value if content.status == "captured" else None
+                results[call_id] = content.value if content.status == "captured" else None
+    out.tool_results.update(results)

@@ -116,10 +116,28 @@ def _call(name: Any, raw_args: Any, call_id: str | None) -> RequestedCall | None
 
 
 def tool_results(payload: Any) -> dict[str, Any]:
-    """Tool results in decoded input messages, by tool-call id."""
+    """Tool results in decoded input messages, by tool-call id: only those after the last
+    assistant message, i.e. what this call gives back for the previous call's requests. Each
+    model call repeats the whole history; keeping all of it would grow buffers quadratically."""
     out: dict[str, Any] = {}
-    _results(payload, out, 0)
+    _results(recent_messages(payload), out, 0)
     return out
+
+
+_ASSISTANT_ROLES = frozenset({"assistant", "model", "ai"})
+
+
+def recent_messages(payload: Any) -> Any:
+    """The messages after the last assistant message, for a message list (or ``{"messages": [...]}``)."""
+    if isinstance(payload, dict) and isinstance(payload.get("messages"), list):
+        payload = payload["messages"]
+    if not isinstance(payload, list):
+        return payload
+    for i in range(len(payload) - 1, -1, -1):
+        message = payload[i]
+        if isinstance(message, dict) and message.get("role") in _ASSISTANT_ROLES:
+            return payload[i + 1 :]
+    return payload
 
 
 def _results(node: Any, out: dict[str, Any], depth: int) -> None:
