@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from decguard.backends.base import DecisionBackend
 from decguard.contracts import load_contract as dg_load_contract
+from decguard.decisions import Prediction
 from decguard.engine import run_test as dg_run_test
+from decguard.errors import BackendTimeout
 from decguard.fuzz.replay import replay as dg_replay
 from decguard.production.engine import run_check as dg_run_check
 from decguard.regression.diff import load_and_diff as dg_diff
@@ -313,3 +316,60 @@ def test_production_baseline_matches_decguard(tmp_path: Path) -> None:
         )
         assert differences(mine, reference) == []
         assert mine["drift"]["confidence_tv_distance"] is not None and mine["status"] == "fail"
+
+
+class KeywordPlugin(DecisionBackend):
+    """A backend written for DecGuard: favours the option whose name appears in the text."""
+
+    provider = "keyword"
+
+    @classmethod
+    def from_config(cls, config: Any, *, name: str, decision: Any) -> KeywordPlugin:
+        return cls(name=name, model=config.model or "kw")
+
+    def predict(self, request: Any) -> Prediction:
+        text = str(request.input).casefold()
+        if "timeout" in text:
+            raise BackendTimeout("slow")
+        labels = request.decision.labels
+        hits = [1.0 if label.strip('"[]').casefold() in text else 0.1 for label in labels]
+        return Prediction(probabilities={label: h / sum(hits) for label, h in zip(labels, hits, strict=True)})
+
+
+def test_decguard_plugins_run_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import EntryPoint
+
+    import decguard.backends.registry as dg_registry
+
+    import otel_plumb.decision.backends as our_registry
+
+    entry = EntryPoint(name="keyword", value=f"{__name__}:KeywordPlugin", group="decguard.backends")
+
+    def entry_points(*, group: str, name: str | None = None) -> list[EntryPoint]:
+        return [entry] if group == "decguard.backends" and name in (None, "keyword") else []
+
+    monkeypatch.setattr(dg_registry, "entry_points", entry_points)
+    monkeypatch.setattr(our_registry, "entry_points", entry_points)
+    (tmp_path / "cases.jsonl").write_text(
+        "".join(
+            json.dumps({"id": f"k{i}", "input": t, "expected": e}) + "\n"
+            for i, (t, e) in enumerate(
+                [
+                    ("billing problem", "billing"),
+                    ("technical issue", "technical"),
+                    ("timeout here", "account"),
+                    ("my account", "account"),
+                ]
+            )
+        )
+    )
+    contract = tmp_path / "c.yaml"
+    contract.write_text(
+        'schema_version: "0.1"\ndecision: {type: choice, name: route, options: [billing, technical, account]}\n'
+        "backend: {provider: keyword}\ndataset: cases.jsonl\nrequirements: {max_error_rate: 0.3}\n"
+        "properties:\n  label_format: {styles: [quoted, bracketed], max_tv_distance: 0}\n"
+    )
+    ours = ours_report(contract)
+    theirs = theirs_report(contract)
+    assert differences(ours, theirs) == []
+    assert ours["metrics"]["counts"]["errors_by_kind"] == {"timeout": 1} and ours["backend"]["provider"] == "keyword"

@@ -6,6 +6,8 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 
 from otel_plumb.decision.backends.base import Backend, BackendInfo, Health
+from otel_plumb.decision.backends.decguard_plugins import ENTRY_POINT_GROUP as DECGUARD_GROUP
+from otel_plumb.decision.backends.decguard_plugins import DecGuardPlugin
 from otel_plumb.decision.backends.http import HttpBackend
 from otel_plumb.decision.backends.mock import MockBackend
 from otel_plumb.decision.backends.openai import OpenAIBackend
@@ -20,7 +22,8 @@ __all__ = ["Backend", "BackendInfo", "CallableBackend", "Health", "create_backen
 
 
 def available() -> list[str]:
-    return sorted(set(BUILTIN) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+    plugins = {ep.name for group in (ENTRY_POINT_GROUP, DECGUARD_GROUP) for ep in entry_points(group=group)}
+    return sorted(set(BUILTIN) | plugins)
 
 
 def backend_class(provider: str) -> type[Backend]:
@@ -28,7 +31,7 @@ def backend_class(provider: str) -> type[Backend]:
         return BUILTIN[provider]
     matches = tuple(entry_points(group=ENTRY_POINT_GROUP, name=provider))
     if not matches:
-        raise ContractError(f"unknown backend provider {provider!r}; available: {', '.join(available())}")
+        return _decguard_plugin(provider)
     try:
         loaded = matches[0].load()
     except Exception as exc:
@@ -36,6 +39,24 @@ def backend_class(provider: str) -> type[Backend]:
     if not (isinstance(loaded, type) and issubclass(loaded, Backend)):
         raise ContractError(f"backend provider {provider!r} ({matches[0].value}) is not a decision Backend")
     return loaded
+
+
+def _decguard_plugin(provider: str) -> type[Backend]:
+    """A provider registered for DecGuard (``decguard.backends``), adapted."""
+    matches = tuple(entry_points(group=DECGUARD_GROUP, name=provider))
+    if not matches:
+        raise ContractError(f"unknown backend provider {provider!r}; available: {', '.join(available())}")
+    try:
+        loaded = matches[0].load()
+    except Exception as exc:
+        raise ContractError(f"cannot load backend provider {provider!r} from {matches[0].value}: {exc}") from exc
+    try:
+        from decguard.backends.base import DecisionBackend
+    except ImportError as exc:
+        raise ContractError(f"backend provider {provider!r} is a DecGuard plugin; install decguard") from exc
+    if not (isinstance(loaded, type) and issubclass(loaded, DecisionBackend)):
+        raise ContractError(f"backend provider {provider!r} ({matches[0].value}) is not a DecGuard DecisionBackend")
+    return DecGuardPlugin.wrap(provider, loaded)
 
 
 def create_backend(config: BackendConfig, *, decision: DecisionSpec, name: str = "default") -> Backend:
