@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,12 @@ def run(campaign_file: str, arms: tuple[str, ...], store_path: str | None, json_
     runner = _campaign_run(loaded, store, arms=arms or None, use_cache=not fresh, progress=_progress(quiet))
     from otel_plumb.campaign.store import RunNotFound
 
+    def interrupted(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # A terminated run is marked interrupted (not left "running") and can be resumed.
+    signal.signal(signal.SIGTERM, interrupted)
+    run_id: str | None = None
     try:
         run_id = runner.start(resume=resume)
         click.echo(f"run {run_id}", err=True)
@@ -151,7 +158,7 @@ def run(campaign_file: str, arms: tuple[str, ...], store_path: str | None, json_
     except (CampaignError, RunNotFound) as e:
         raise RunError(str(e)) from None
     except KeyboardInterrupt:
-        click.echo("\ninterrupted: resume with --resume latest", err=True)
+        click.echo(f"\ninterrupted: resume with --resume {run_id}" if run_id else "\ninterrupted", err=True)
         sys.exit(130)
     if not quiet:
         click.echo("", err=True)
