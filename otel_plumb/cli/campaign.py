@@ -149,7 +149,7 @@ def run(campaign_file: str, arms: tuple[str, ...], store_path: str | None, json_
         raise KeyboardInterrupt
 
     # A terminated run is marked interrupted (not left "running") and can be resumed.
-    signal.signal(signal.SIGTERM, interrupted)
+    previous = signal.signal(signal.SIGTERM, interrupted)
     run_id: str | None = None
     try:
         run_id = runner.start(resume=resume)
@@ -160,6 +160,8 @@ def run(campaign_file: str, arms: tuple[str, ...], store_path: str | None, json_
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted: resume with --resume {run_id}" if run_id else "\ninterrupted", err=True)
         sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if not quiet:
         click.echo("", err=True)
     report = build_report(store, store.run(outcome.run_id))
