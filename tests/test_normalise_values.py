@@ -5,6 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from otel_plumb.normalise import decode, is_placeholder
+from otel_plumb.normalise.values import PLACEHOLDERS
 
 
 @pytest.mark.parametrize(
@@ -48,6 +49,10 @@ def test_absent_and_non_utf8_bytes():
     assert decode("   ").status == "absent"
     d = decode(b"\xff\xfe{")
     assert d.status == "undecodable" and "UTF-8" in (d.reason or "")
+
+
+def test_every_listed_placeholder_is_recognised_in_any_case():
+    assert all(is_placeholder(p) and is_placeholder(p.upper()) and is_placeholder(f" {p} ") for p in PLACEHOLDERS)
 
 
 def test_placeholder_detection_is_exact():

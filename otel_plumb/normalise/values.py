@@ -59,9 +59,13 @@ class Decoded(NamedTuple):
 ABSENT = Decoded(None, "absent")
 
 
+# First characters of every placeholder: most data strings are ruled out by their first one.
+_PLACEHOLDER_STARTS = frozenset("<[({_*rR")
+
+
 def is_placeholder(text: str) -> bool:
     s = text.strip()
-    if not s:
+    if not s or s[0] not in _PLACEHOLDER_STARTS:
         return False
     if len(s) >= 3 and s.strip("*") == "":
         return True  # "***", "********"
