@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from click.testing import CliRunner
 from decguard.backends.base import DecisionBackend
 from decguard.contracts import load_contract as dg_load_contract
@@ -373,3 +374,77 @@ def test_decguard_plugins_run_unchanged(tmp_path: Path, monkeypatch: pytest.Monk
     theirs = theirs_report(contract)
     assert differences(ours, theirs) == []
     assert ours["metrics"]["counts"]["errors_by_kind"] == {"timeout": 1} and ours["backend"]["provider"] == "keyword"
+
+
+async def _systemone(request: web.Request) -> web.Response:
+    """A stand-in System One server: answers depend on the state and on the criteria order."""
+    body = await request.json()
+    ((name, question),) = body["questions"].items()
+    text = json.dumps(body["state"], sort_keys=True)
+    weight = (sum(map(ord, text)) % 7) / 10
+    if question["type"] == "noul":
+        answer: dict[str, Any] = {"type": "noul", "noul": 0.2 if "not" in text else 0.3 + weight}
+    else:
+        options = list(question["criteria"])
+        raw = [1.0 + (2.0 if i == 0 else 0.0) + weight * i for i in range(len(options))]
+        probs = [r / sum(raw) for r in raw]
+        if question["type"] == "choice":
+            best = options[max(range(len(options)), key=probs.__getitem__)]
+            answer = {"type": "choice", "choice": best, "probabilities": dict(zip(options, probs, strict=True))}
+        else:
+            answer = {
+                "type": "score",
+                "probabilities": {str(i): p for i, p in enumerate(probs)},
+                "legend": {str(i): level for i, level in enumerate(options)},
+            }
+    return web.json_response(
+        {"model": "jev-1", "id": "req-1", "answers": {name: answer}, "usage": {"input_tokens": 3, "cost": 0.1}}
+    )
+
+
+SYSTEMONE_CONTRACTS = {
+    "choice": (
+        "decision: {type: choice, name: route, description: Route it., options: [billing, technical, account]}\n"
+        "properties:\n  option_order: {max_tv_distance: 0.05}\n  label_format: {styles: [upper], max_tv_distance: 0}\n",
+        [("My invoice", "billing"), ("App crash", "technical")],
+    ),
+    "noul": (
+        "decision: {type: noul, name: ok, description: Is it eligible, labels: [eligible, ineligible]}\n"
+        "properties:\n  inversion: {rewrites: [{find: ' is ', replace: ' is not '}], max_flip_rate: 0}\n",
+        [("This is fine", "eligible"), ("It is late", "ineligible")],
+    ),
+    "score": (
+        "decision: {type: score, name: sev, description: How bad is it, levels: [1, 2, 3]}\nfuzz: {text_field: t}\n"
+        "properties:\n  monotonic: {field: n, deltas: [5], max_flip_rate: 0}\n",
+        [({"t": "down", "n": 3}, "3"), ({"t": "slow", "n": 1}, "1")],
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SYSTEMONE_CONTRACTS))
+async def test_systemone_backend_matches_decguard(tmp_path: Path, kind: str) -> None:
+    from aiohttp.test_utils import TestServer
+
+    app = web.Application()
+    app.router.add_post("/v1/systemone", _systemone)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        text, cases = SYSTEMONE_CONTRACTS[kind]
+        (tmp_path / "cases.jsonl").write_text(
+            "".join(
+                json.dumps({"id": f"s{i}", "input": inp, "expected": exp}) + "\n" for i, (inp, exp) in enumerate(cases)
+            )
+        )
+        contract = tmp_path / "c.yaml"
+        contract.write_text(
+            f'schema_version: "0.1"\n{text}dataset: cases.jsonl\n'
+            f"backend: {{provider: systemone, model: jev, url: '{server.make_url('/v1/systemone')}'}}\n"
+        )
+        ours = build_report(await run_contract(load_contract(contract), mode="all"))
+        theirs = json.loads((await asyncio.to_thread(dg_run_test, contract, mode="all")).model_dump_json())
+    finally:
+        await server.close()
+    assert differences(without_monotonic_reductions(ours), theirs) == []
+    assert ours["metrics"]["counts"]["errored"] == 0 and ours["backend"]["details"]["served_models"] == ["jev-1"]
+    assert ours["results"][0]["result"]["metadata"]["usage"] == {"input_tokens": 3, "cost": 0.1}

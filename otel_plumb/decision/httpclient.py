@@ -84,8 +84,8 @@ class HttpClient:
             )
         return self._session
 
-    async def send(self, method: str, url: str, body: Any = None) -> tuple[int, bytes]:
-        """(status, body) of the last attempt; a retryable status is returned after the last retry."""
+    async def send(self, method: str, url: str, body: Any = None) -> tuple[int, bytes, dict[str, str]]:
+        """(status, body, headers) of the last attempt; a retryable status comes back after the last retry."""
         session = self._get_session()
         attempts = self.max_retries + 1
         for attempt in range(attempts):
@@ -94,7 +94,7 @@ class HttpClient:
                 async with session.request(method, url, json=body, allow_redirects=False) as response:
                     payload = await response.read()
                     if response.status not in self.retryable or last:
-                        return response.status, payload
+                        return response.status, payload, dict(response.headers)
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 # Nothing reached the server, so a retry is always safe.
                 if last:
@@ -110,14 +110,18 @@ class HttpClient:
         raise AssertionError("unreachable")
 
     async def post_json(self, url: str, body: Any) -> Any:
-        status, payload = await self.send("POST", url, body)
+        return (await self.post(url, body))[0]
+
+    async def post(self, url: str, body: Any) -> tuple[Any, dict[str, str]]:
+        """The decoded JSON answer and the response headers; any non-2xx answer is a case error."""
+        status, payload, headers = await self.send("POST", url, body)
         if status in self.retryable:
             raise BackendUnavailable(f"{self.who} returned HTTP {status}")
         if not 200 <= status < 300:
             # Bodies are untrusted and may echo credentials or private input: keep only the status.
             raise BackendError(f"{self.who} returned HTTP {status}")
         try:
-            return json.loads(payload)
+            return json.loads(payload), headers
         except ValueError as exc:
             raise InvalidResponse(f"{self.who} returned invalid JSON") from exc
 

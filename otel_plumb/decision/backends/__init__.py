@@ -12,11 +12,12 @@ from otel_plumb.decision.backends.http import HttpBackend
 from otel_plumb.decision.backends.mock import MockBackend
 from otel_plumb.decision.backends.openai import OpenAIBackend
 from otel_plumb.decision.backends.python import CallableBackend
+from otel_plumb.decision.backends.systemone import SystemOneBackend
 from otel_plumb.decision.contract import BackendConfig, DecisionSpec
 from otel_plumb.decision.errors import ContractError
 
 ENTRY_POINT_GROUP = "otel_plumb.decision_backends"
-BUILTIN: dict[str, type[Backend]] = {b.provider: b for b in (MockBackend, HttpBackend, OpenAIBackend)}
+BUILTIN: dict[str, type[Backend]] = {b.provider: b for b in (MockBackend, HttpBackend, SystemOneBackend, OpenAIBackend)}
 
 __all__ = ["Backend", "BackendInfo", "CallableBackend", "Health", "create_backend"]
 

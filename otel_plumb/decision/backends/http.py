@@ -7,7 +7,7 @@ POST <url>  {"protocol": "decguard.http/0.1", "case_id": ..., "model": ... | nul
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator, model_validator
 from yarl import URL
@@ -15,7 +15,7 @@ from yarl import URL
 from otel_plumb.decision.backends.base import Backend, BackendInfo, Health, validate_settings
 from otel_plumb.decision.contract import BackendConfig, DecisionSpec
 from otel_plumb.decision.errors import BackendError, ContractError, InvalidResponse
-from otel_plumb.decision.httpclient import HttpClient, check_url, env_value, redact_url
+from otel_plumb.decision.httpclient import RETRYABLE_STATUS, HttpClient, check_url, env_value, redact_url
 from otel_plumb.decision.model import Prediction, Request
 from otel_plumb.decision.validation import Strict
 
@@ -62,6 +62,8 @@ class HttpSettings(Strict):
 class HttpBackend(Backend):
     provider = "http"
     concurrent = True
+    protocol: ClassVar[str] = PROTOCOL
+    retryable_status: ClassVar[frozenset[int]] = RETRYABLE_STATUS
 
     def __init__(self, settings: HttpSettings, *, name: str = "default", model: str | None = None) -> None:
         super().__init__(name=name, model=model)
@@ -73,18 +75,23 @@ class HttpBackend(Backend):
             max_retries=settings.max_retries,
             retry_backoff_s=settings.retry_backoff_s,
             who=f"backend {name!r}",
+            retryable=self.retryable_status,
         )
 
     @classmethod
     def from_config(cls, config: BackendConfig, *, name: str, decision: DecisionSpec) -> Backend:
         settings = validate_settings(HttpSettings, config, name=name)
+        cls.check_label_map(settings, decision, name=name)
+        return cls(settings, name=name, model=config.model)
+
+    @classmethod
+    def check_label_map(cls, settings: HttpSettings, decision: DecisionSpec, *, name: str) -> None:
         targets = list(settings.label_map.values())
         unknown = sorted(set(targets) - set(decision.labels))
         if unknown:
-            raise ContractError(f"http backend {name!r}: label_map targets {unknown} are not contract labels")
+            raise ContractError(f"{cls.provider} backend {name!r}: label_map targets {unknown} are not contract labels")
         if len(set(targets)) != len(targets):
-            raise ContractError(f"http backend {name!r}: label_map maps two labels to one")
-        return cls(settings, name=name, model=config.model)
+            raise ContractError(f"{cls.provider} backend {name!r}: label_map maps two labels to one")
 
     def _headers(self) -> dict[str, str]:
         headers = dict(self.settings.headers)
@@ -132,14 +139,17 @@ class HttpBackend(Backend):
         if self.settings.health_url is None:
             return Health("unknown", "no health_url configured")
         try:
-            status, _ = await self.client.send("GET", self.settings.health_url)
+            status, _, _ = await self.client.send("GET", self.settings.health_url)
         except BackendError as exc:
             return Health("unhealthy", str(exc))
         return Health("ok" if 200 <= status < 300 else "unhealthy", f"HTTP {status}")
 
     def info(self) -> BackendInfo:
         return BackendInfo(
-            self.name, self.provider, self.model, details={"url": redact_url(self.settings.url), "protocol": PROTOCOL}
+            self.name,
+            self.provider,
+            self.model,
+            details={"url": redact_url(self.settings.url), "protocol": self.protocol},
         )
 
     async def aclose(self) -> None:

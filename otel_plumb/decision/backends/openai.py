@@ -156,7 +156,7 @@ class OpenAIBackend(Backend):
     async def healthcheck(self) -> Health:
         base = self.client.url.removesuffix("/chat/completions")
         try:
-            status, _ = await self.client.send("GET", base + "/models")
+            status, _, _ = await self.client.send("GET", base + "/models")
         except BackendError as exc:
             return Health("unhealthy", str(exc))
         return Health("ok" if 200 <= status < 300 else "unhealthy", f"HTTP {status}")
