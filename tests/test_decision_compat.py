@@ -17,6 +17,7 @@ from decguard.contracts import load_contract as dg_load_contract
 from decguard.decisions import Prediction
 from decguard.engine import run_test as dg_run_test
 from decguard.errors import BackendTimeout
+from decguard.fuzz.paraphrase import Paraphraser as DgParaphraser
 from decguard.fuzz.replay import replay as dg_replay
 from decguard.production.engine import run_check as dg_run_check
 from decguard.regression.diff import load_and_diff as dg_diff
@@ -337,20 +338,40 @@ class KeywordPlugin(DecisionBackend):
         return Prediction(probabilities={label: h / sum(hits) for label, h in zip(labels, hits, strict=True)})
 
 
+class ShoutingParaphraser(DgParaphraser):
+    """A paraphraser written for DecGuard."""
+
+    provider = "shout"
+
+    @classmethod
+    def from_config(cls, source: Any, *, base_dir: Path) -> ShoutingParaphraser:
+        return cls()
+
+    def paraphrase(self, text: str, *, case_id: str, n: int, seed: int) -> list[str]:
+        return [text.upper() + "!"]
+
+
 def test_decguard_plugins_run_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from importlib.metadata import EntryPoint
 
     import decguard.backends.registry as dg_registry
+    import decguard.fuzz.paraphrase as dg_paraphrase
 
     import otel_plumb.decision.backends as our_registry
+    import otel_plumb.decision.paraphrase as our_paraphrase
 
-    entry = EntryPoint(name="keyword", value=f"{__name__}:KeywordPlugin", group="decguard.backends")
+    entries = {
+        ("decguard.backends", "keyword"): EntryPoint("keyword", f"{__name__}:KeywordPlugin", "decguard.backends"),
+        ("decguard.paraphrasers", "shout"): EntryPoint(
+            "shout", f"{__name__}:ShoutingParaphraser", "decguard.paraphrasers"
+        ),
+    }
 
     def entry_points(*, group: str, name: str | None = None) -> list[EntryPoint]:
-        return [entry] if group == "decguard.backends" and name in (None, "keyword") else []
+        return [e for (g, n), e in entries.items() if g == group and name in (None, n)]
 
-    monkeypatch.setattr(dg_registry, "entry_points", entry_points)
-    monkeypatch.setattr(our_registry, "entry_points", entry_points)
+    for module in (dg_registry, dg_paraphrase, our_registry, our_paraphrase):
+        monkeypatch.setattr(module, "entry_points", entry_points)
     (tmp_path / "cases.jsonl").write_text(
         "".join(
             json.dumps({"id": f"k{i}", "input": t, "expected": e}) + "\n"
@@ -369,11 +390,13 @@ def test_decguard_plugins_run_unchanged(tmp_path: Path, monkeypatch: pytest.Monk
         'schema_version: "0.1"\ndecision: {type: choice, name: route, options: [billing, technical, account]}\n'
         "backend: {provider: keyword}\ndataset: cases.jsonl\nrequirements: {max_error_rate: 0.3}\n"
         "properties:\n  label_format: {styles: [quoted, bracketed], max_tv_distance: 0}\n"
+        "  paraphrase: {source: {provider: shout}, max_tv_distance: 0.5}\n"
     )
     ours = ours_report(contract)
     theirs = theirs_report(contract)
     assert differences(ours, theirs) == []
     assert ours["metrics"]["counts"]["errors_by_kind"] == {"timeout": 1} and ours["backend"]["provider"] == "keyword"
+    assert next(p["input"] for p in ours["properties"]["pairs"] if p["property"] == "paraphrase") == "BILLING PROBLEM!"
 
 
 async def _systemone(request: web.Request) -> web.Response:

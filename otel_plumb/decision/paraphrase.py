@@ -1,9 +1,11 @@
 """Paraphrase providers: identity, file (curated JSONL), openai (any OpenAI-compatible
-chat-completions server), and plugins under the ``otel_plumb.decision_paraphrasers``
-entry-point group (a ``Paraphraser`` subclass)."""
+chat-completions server), and plugins: a ``Paraphraser`` subclass under the
+``otel_plumb.decision_paraphrasers`` entry-point group, or one written for DecGuard under
+``decguard.paraphrasers``."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from importlib.metadata import entry_points
@@ -18,6 +20,7 @@ from otel_plumb.decision.httpclient import ChatClient, check_url, redact_url
 from otel_plumb.decision.validation import Strict, format_errors, unique_keys
 
 ENTRY_POINT_GROUP = "otel_plumb.decision_paraphrasers"
+DECGUARD_GROUP = "decguard.paraphrasers"
 
 
 class Paraphraser:
@@ -204,12 +207,59 @@ BUILTIN: dict[str, type[Paraphraser]] = {
 }
 
 
+class DecGuardParaphraser(Paraphraser):
+    """A paraphraser written for DecGuard (``decguard.paraphrasers``), run in a worker thread."""
+
+    deterministic = False
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def paraphrase(self, text: str, *, case_id: str, n: int, seed: int) -> list[str]:
+        from decguard.errors import BackendError as TheirBackendError
+
+        try:
+            found = await asyncio.to_thread(self.inner.paraphrase, text, case_id=case_id, n=n, seed=seed)
+        except TheirBackendError as exc:
+            raise ParaphraseError(str(exc)) from exc
+        return list(found)
+
+    def provenance(self) -> dict[str, Any]:
+        return dict(self.inner.provenance())
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.inner.close)
+
+
+def _decguard_paraphraser(source: ParaphraseSource, base_dir: Path) -> Paraphraser | None:
+    matches = tuple(entry_points(group=DECGUARD_GROUP, name=source.provider))
+    if not matches:
+        return None
+    from decguard.contracts.properties import ParaphraseSource as TheirSource
+    from decguard.errors import DecGuardError
+    from decguard.fuzz.paraphrase import Paraphraser as TheirParaphraser
+
+    try:
+        loaded = matches[0].load()
+        if not (isinstance(loaded, type) and issubclass(loaded, TheirParaphraser)):
+            raise ContractError(f"paraphraser {source.provider!r} ({matches[0].value}) is not a Paraphraser")
+        return DecGuardParaphraser(
+            loaded.from_config(TheirSource.model_validate(source.model_dump()), base_dir=base_dir)
+        )
+    except DecGuardError as exc:
+        raise ContractError(str(exc)) from exc
+
+
 def create_paraphraser(source: ParaphraseSource, *, base_dir: Path) -> Paraphraser:
     cls = BUILTIN.get(source.provider)
     if cls is None:
         matches = tuple(entry_points(group=ENTRY_POINT_GROUP, name=source.provider))
         if not matches:
-            available = sorted(set(BUILTIN) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+            adapted = _decguard_paraphraser(source, base_dir)
+            if adapted is not None:
+                return adapted
+            groups = (ENTRY_POINT_GROUP, DECGUARD_GROUP)
+            available = sorted(set(BUILTIN) | {ep.name for g in groups for ep in entry_points(group=g)})
             raise ContractError(f"unknown paraphrase provider {source.provider!r}; available: {', '.join(available)}")
         try:
             loaded = matches[0].load()
