@@ -471,3 +471,26 @@ async def test_systemone_backend_matches_decguard(tmp_path: Path, kind: str) -> 
     assert differences(without_monotonic_reductions(ours), theirs) == []
     assert ours["metrics"]["counts"]["errored"] == 0 and ours["backend"]["details"]["served_models"] == ["jev-1"]
     assert ours["results"][0]["result"]["metadata"]["usage"] == {"input_tokens": 3, "cost": 0.1}
+
+
+def test_decguard_format_reports_load_in_decguard(tmp_path: Path) -> None:
+    from decguard.reports.model import load_report as dg_load_report
+
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(
+        decision, ["test", "--all", str(FIXTURES / "triage_choice.yaml"), "--decguard-format", "-o", str(out)]
+    )
+    assert result.exit_code == 1
+    theirs = dg_load_report(out)
+    assert theirs.status.value == "fail" and load_report(out).data["status"] == "fail"
+    assert "flip_interval" not in out.read_text()
+    assert CliRunner().invoke(decision, ["report", str(out), "--decguard-format", "-f", "json"]).exit_code == 1
+    contract = tmp_path / "c.yaml"
+    contract.write_text(
+        (FIXTURES / "severity_score.yaml")
+        .read_text()
+        .replace("max_flip_rate: 0\n", "max_flip_rate: 0\n    max_flip_rate_upper: 0.5\n")
+        .replace("severity_score.json", str(FIXTURES / "severity_score.json"))
+    )
+    refused = CliRunner().invoke(decision, ["fuzz", str(contract), "--decguard-format"])
+    assert refused.exit_code == 2 and "max_flip_rate_upper" in refused.output

@@ -55,13 +55,16 @@ def _emit(
     output: Path | None,
     text: Callable[[Mapping[str, Any]], str],
     what: str = "report",
+    decguard_format: bool = False,
 ) -> None:
-    from otel_plumb.decision.report import dumps, write_report
+    from otel_plumb.decision import report as reports
 
+    if decguard_format:
+        document = reports.decguard_format(document)
     if output is not None:
-        write_report(document, output)
+        reports.write_report(document, output)
         click.echo(f"{what} written to {output}", err=True)
-    click.echo(dumps(document) if fmt == "json" else text(document))
+    click.echo(reports.dumps(document) if fmt == "json" else text(document))
 
 
 def _common(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -76,6 +79,9 @@ def _common(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--seed", type=click.IntRange(0, 2**63 - 1), help="Transformation seed (default: fuzz.seed)."),
         click.option("--property", "-p", "properties", multiple=True, help="Run only this property (repeatable)."),
         click.option("--minimize/--no-minimize", default=None, help="Shrink failing transformations."),
+        click.option(
+            "--decguard-format", is_flag=True, help="Leave out our additions so DecGuard itself can load the report."
+        ),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -144,6 +150,7 @@ def _test(
     seed: int | None,
     properties: tuple[str, ...],
     minimize: bool | None,
+    decguard_format: bool,
 ) -> None:
     from otel_plumb.decision.contract import load_contract
     from otel_plumb.decision.render import render_report
@@ -164,7 +171,7 @@ def _test(
                 minimize=minimize,
             )
         )
-        _emit(report, fmt, output, render_report)
+        _emit(report, fmt, output, render_report, decguard_format=decguard_format)
     _finish(report["status"], fail_on_warn)
 
 
@@ -189,7 +196,10 @@ def fuzz(contract: Path, **options: Any) -> None:
 @click.option("--output", "-o", type=PathArg)
 @click.option("--format", "-f", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--fail-on-warn", is_flag=True)
-def report(results: Path, contract: Path | None, output: Path | None, fmt: str, fail_on_warn: bool) -> None:
+@click.option("--decguard-format", is_flag=True, help="Leave out our additions so DecGuard itself can load the report.")
+def report(
+    results: Path, contract: Path | None, output: Path | None, fmt: str, fail_on_warn: bool, decguard_format: bool
+) -> None:
     """Show a stored report (verified on load); exits with its gate status."""
     from otel_plumb.decision.contract import load_contract
     from otel_plumb.decision.render import render_report
@@ -198,7 +208,7 @@ def report(results: Path, contract: Path | None, output: Path | None, fmt: str, 
     with _errors():
         stored = load_report(results)
         document = rejudge(stored, load_contract(contract)) if contract is not None else stored.data
-        _emit(document, fmt, output, render_report)
+        _emit(document, fmt, output, render_report, decguard_format=decguard_format)
     _finish(document["status"], fail_on_warn)
 
 

@@ -543,6 +543,27 @@ def _build_report(outcome: RunOutcome) -> dict[str, Any]:
     )
 
 
+def _strip(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if k not in EXTENSION_KEYS}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
+
+
+def decguard_format(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The report without our additions, so DecGuard 0.1.1 itself loads it. Refused when an added
+    setting shaped the results (k original draws, an upper-bound gate): DecGuard could not
+    re-derive them."""
+    props = report.get("properties") or {}
+    if (props.get("fuzz") or {}).get("original_samples", 1) != 1:
+        raise ReportError("fuzz.original_samples is not part of DecGuard's format; drop --decguard-format")
+    if any(c["gate"].endswith(".max_flip_rate_upper") for c in report["checks"]):
+        raise ReportError("max_flip_rate_upper is not part of DecGuard's format; drop --decguard-format")
+    stripped: dict[str, Any] = _strip(report)
+    return stripped
+
+
 def dumps(report: Mapping[str, Any], *, indent: bool = True) -> str:
     # pydantic-core's serializer: the standard library's is pure Python once indent is set.
     return to_json(report, indent=2 if indent else None).decode("utf-8")
