@@ -78,7 +78,8 @@ async def test_overloaded_processor_throttles_and_clients_retry_without_loss(tmp
                         await asyncio.sleep(delay)
 
             requests = [trace_request() for _ in range(40)]
-            await asyncio.gather(*(send(r) for r in requests))
+            async with asyncio.timeout(20):
+                await asyncio.gather(*(send(r) for r in requests))
         total = 40 * 5
         await wait_until(lambda: backend.span_count >= total, 15, "every span exported")
         # HTTP clients get 429 with Retry-After while the buffers are full.

@@ -238,11 +238,12 @@ async def test_watch_stream_is_served_on_the_otlp_grpc_port(tmp_path: Path) -> N
 
             await asyncio.to_thread(work)
             cases = set()
-            async for trajectory in stream:
-                assert trajectory.status == "violating"
-                cases.add(trajectory.case_id)
-                if len(cases) == 3:
-                    break
+            async with asyncio.timeout(10):
+                async for trajectory in stream:
+                    assert trajectory.status == "violating"
+                    cases.add(trajectory.case_id)
+                    if len(cases) == 3:
+                        break
             stream.cancel()
     finally:
         await processor.stop()

@@ -129,7 +129,7 @@ def start_cli(
     args: list[str], env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[str], dict[str, int], list[str]]:
     """``otel-plumb run ARGS`` in a subprocess; returns it once listening, with its ports and
-    its log lines (kept being read so the pipe never fills)."""
+    its log lines (read on a thread for the process's life, so the pipe never fills)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "otel_plumb", "run", *args],
         stderr=subprocess.PIPE,
@@ -137,17 +137,21 @@ def start_cli(
         text=True,
         env={**os.environ, **(env or {})},
     )
-    assert proc.stderr is not None
-    deadline = time.monotonic() + 20
-    lines = []
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        m = re.search(r"otlp grpc [\d.]+:(\d+), otlp http [\d.]+:(\d+), metrics [\d.]+:(\d+)", line)
-        if m:
-            threading.Thread(target=lambda: lines.extend(proc.stderr or ()), daemon=True).start()
-            return proc, {"grpc": int(m.group(1)), "http": int(m.group(2)), "metrics": int(m.group(3))}, lines
-    proc.kill()
-    raise AssertionError("otel-plumb run did not start:\n" + "".join(lines))
+    lines: list[str] = []
+    ports: dict[str, int] = {}
+    listening = threading.Event()
+
+    def read() -> None:
+        for line in proc.stderr or ():
+            lines.append(line)
+            m = re.search(r"otlp grpc [\d.]+:(\d+), otlp http [\d.]+:(\d+), metrics [\d.]+:(\d+)", line)
+            if m:
+                ports.update(grpc=int(m.group(1)), http=int(m.group(2)), metrics=int(m.group(3)))
+                listening.set()
+        listening.set()  # the process ended
+
+    threading.Thread(target=read, daemon=True).start()
+    if not listening.wait(20) or not ports:
+        proc.kill()
+        raise AssertionError("otel-plumb run did not start:\n" + "".join(lines))
+    return proc, ports, lines
