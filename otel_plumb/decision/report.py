@@ -500,9 +500,8 @@ def build_report(outcome: RunOutcome) -> dict[str, Any]:
 
 
 async def run_and_report(loaded: LoadedContract, **options: Any) -> dict[str, Any]:
-    """One command-line run: decide, fuzz and build the report with the collector paused."""
-    with paused_gc():
-        return build_report(await run_contract(loaded, **options))
+    """One run, from the contract to its report."""
+    return build_report(await run_contract(loaded, **options))
 
 
 def _build_report(outcome: RunOutcome) -> dict[str, Any]:

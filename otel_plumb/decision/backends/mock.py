@@ -55,16 +55,17 @@ def semantic_label(shown: str) -> str:
     return _ENUMERATOR.sub("", shown.strip()).strip("\"'[]").strip().casefold()
 
 
-@lru_cache(maxsize=65536)
-def _weight(seed: int, text: str, label: str) -> float:
-    # Cached: reordered and reformatted options of one input hash the same (text, meaning) pairs.
-    return int.from_bytes(hashlib.sha256(f"{seed}\x1f{text}\x1f{label}".encode()).digest()[:8], "big") / 2**64 + 1e-3
-
-
-def hashed_distribution(text: str, labels: tuple[str, ...], seed: int) -> dict[str, float]:
-    weights = [_weight(seed, text, label) for label in labels]
-    total = math.fsum(weights)
-    return {label: weight / total for label, weight in zip(labels, weights, strict=True)}
+@lru_cache(maxsize=16384)
+def hashed_distribution(text: str, labels: frozenset[str], seed: int) -> dict[str, float]:
+    """A fixed pseudo-random distribution per (seed, input, label). Cached by label set: ``fsum`` is
+    exact, so the values do not depend on the order the options are shown in."""
+    weights = {
+        label: int.from_bytes(hashlib.sha256(f"{seed}\x1f{text}\x1f{label}".encode()).digest()[:8], "big") / 2**64
+        + 1e-3
+        for label in labels
+    }
+    total = math.fsum(weights.values())
+    return {label: weight / total for label, weight in weights.items()}
 
 
 class MockBackend(Backend):
@@ -74,6 +75,9 @@ class MockBackend(Backend):
         super().__init__(name=name, model=model)
         self.settings = settings or MockSettings()
         self._rules = [(_normalize(rule.contains), rule.probabilities) for rule in self.settings.rules]
+        self._default = self.settings.default
+        self._seed = self.settings.seed
+        self._position_bias = self.settings.position_bias
 
     @classmethod
     def from_config(cls, config: BackendConfig, *, name: str, decision: DecisionSpec) -> Backend:
@@ -94,21 +98,24 @@ class MockBackend(Backend):
     def answer(self, request: Request) -> Prediction:
         text = input_text(request.input)
         shown = request.decision.labels
-        normalized = _normalize(text)
-        answer = next((p for needle, p in self._rules if needle in normalized), self.settings.default)
+        answer = self._default
+        if self._rules:
+            normalized = _normalize(text)
+            answer = next((p for needle, p in self._rules if needle in normalized), answer)
         if answer is None:
             # Hash each label's meaning, so reformatted options get the same answer.
-            meanings = tuple(semantic_label(label) for label in shown)
-            if len(set(meanings)) != len(meanings):
-                meanings = shown
-            hashed = hashed_distribution(text, meanings, self.settings.seed)
+            meanings = tuple(map(semantic_label, shown))
+            unique = frozenset(meanings)
+            if len(unique) != len(meanings):
+                meanings, unique = shown, frozenset(shown)
+            hashed = hashed_distribution(text, unique, self._seed)
             probabilities = {label: hashed[m] for label, m in zip(shown, meanings, strict=True)}
         else:
             probabilities = _map_labels(answer, shown)
         return Prediction(self._bias(probabilities, shown), model_version=self.settings.model_version)
 
     def _bias(self, probabilities: dict[str, float], shown: tuple[str, ...]) -> dict[str, float]:
-        bias = self.settings.position_bias
+        bias = self._position_bias
         if not bias or not shown or shown[0] not in probabilities:
             return probabilities
         first = shown[0]
