@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_plumb.decision import backends as backends_module
@@ -149,7 +149,7 @@ async def test_http_backend_connection_refused_and_timeout(serve: Any) -> None:
 
 
 def test_http_settings_refuse_literal_credentials() -> None:
-    for settings in (
+    for config in (
         {"url": "http://user:pw@127.0.0.1/x"},
         {"url": "http://127.0.0.1/x?api_key=1"},
         {"url": "http://127.0.0.1/x", "headers": {"Authorization": "Bearer x"}},
@@ -157,7 +157,7 @@ def test_http_settings_refuse_literal_credentials() -> None:
         {"url": "http://127.0.0.1/x", "retries": 2},
     ):
         with pytest.raises(ContractError):
-            create_backend(BackendConfig(provider="http", **settings), decision=SPEC)
+            create_backend(BackendConfig(provider="http", **config), decision=SPEC)
 
 
 def _logprobs_answer(tokens: dict[str, float], model: str = "tiny") -> dict[str, Any]:
@@ -275,6 +275,7 @@ def test_plugins_come_from_the_entry_point_group(monkeypatch: pytest.MonkeyPatch
         create_backend(BackendConfig(provider="nope"), decision=SPEC)
 
 
+@settings(deadline=None)
 @given(
     st.dictionaries(
         st.sampled_from(["billing", "technical", "account", "other"]),
