@@ -87,11 +87,11 @@ def test_annotation_only_adds_attributes_and_events(case: tuple[list[Span], Traj
     for span in originals:
         copy = Span()
         copy.CopyFrom(span)
-        payloads.append((copy, origin, copy.span_id.hex()))
+        payloads.append((copy, origin, copy.span_id.hex(), 0))
     annotate(payloads, trajectory, "violating", ["p"], verdicts)
 
     violation_events = 0
-    for original, (annotated, _, _) in zip(originals, payloads, strict=True):
+    for original, (annotated, *_) in zip(originals, payloads, strict=True):
         added_attributes = annotated.attributes[len(original.attributes) :]
         added_events = annotated.events[len(original.events) :]
         assert {a.key for a in added_attributes} <= ADDED_ATTRIBUTES
@@ -121,7 +121,7 @@ def test_regrouping_keeps_resource_and_scope(layout: list[tuple[int, int]], max_
     payloads: list[Payload] = []
     for n, (r, s) in enumerate(layout):
         span = Span(span_id=n.to_bytes(8, "big"), trace_id=b"\x01" * 16, name=f"{r}/{s}")
-        payloads.append((span, Origin(resources[r], scopes[(r, s)]), span.span_id.hex()))
+        payloads.append((span, Origin(resources[r], scopes[(r, s)]), span.span_id.hex(), 0))
     requests = build_requests(payloads, max_spans)
     assert all(count <= max_spans for _, count in requests)
     seen: Counter[bytes] = Counter()
@@ -134,4 +134,4 @@ def test_regrouping_keeps_resource_and_scope(layout: list[tuple[int, int]], max_
                     assert rs.resource == resources[r].resource and rs.schema_url == f"r{r}"
                     assert ss.scope.name == f"scope{r}{s}" and ss.schema_url == f"s{r}{s}"
                     seen[span.span_id] += 1
-    assert seen == Counter(span.span_id for span, _, _ in payloads)
+    assert seen == Counter(p[0].span_id for p in payloads)

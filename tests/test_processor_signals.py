@@ -10,6 +10,10 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
+import grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
+from test_live_backpressure import trace_request
 from test_live_support import (
     agent_provider,
     attribute,
@@ -27,12 +31,13 @@ from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.demo.run import policy_path
 
 
-def _config(tmp_path: Path, idle_timeout: str) -> Path:
+def _config(tmp_path: Path, idle_timeout: str, max_wait: str = "5m") -> Path:
     path = tmp_path / "otel-plumb.yaml"
     path.write_text(
         f"""
 assembly:
   idle_timeout: {idle_timeout}
+  max_wait: {max_wait}
   tick: 50ms
 exporters:
   otlp:
@@ -44,9 +49,9 @@ logging: {{level: info}}
     return path
 
 
-def _args(tmp_path: Path, idle_timeout: str, export: str) -> list[str]:
+def _args(tmp_path: Path, idle_timeout: str, export: str, max_wait: str = "5m") -> list[str]:
     return [
-        "--config", str(_config(tmp_path, idle_timeout)),
+        "--config", str(_config(tmp_path, idle_timeout, max_wait)),
         "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
         "--export-otlp", export,
         "--state-dir", str(tmp_path / "state"),
@@ -126,3 +131,40 @@ async def test_sigkill_while_backend_down_then_restart_delivers_what_was_accepte
     assert set(counts) == set(sent) and set(counts.values()) == {1}
     roots = [s for s in backend.spans() if not s.parent_span_id]
     assert all(attribute(r, "plumb.verdict") in ("conformant", "violating") for r in roots)
+
+
+async def test_sigkill_with_trajectories_in_flight_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    """One request holds three complete traces (decided and queued on disk while the backend is
+    down) and one still open (no root yet, only in the receive journal). After kill -9 and a
+    restart, the queue and the journal deliver every span exactly once."""
+    request = ExportTraceServiceRequest()
+    for _ in range(3):
+        request.MergeFrom(trace_request(tools=4))
+    open_trace = trace_request(tools=3)
+    del open_trace.resource_spans[0].scope_spans[0].spans[0]  # the root has not ended yet
+    request.MergeFrom(open_trace)
+    sent = {s.span_id for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans}
+    assert len(sent) == 18
+    port = free_port()
+    endpoint = f"grpc://127.0.0.1:{port}"
+    proc, ports, log = await asyncio.to_thread(start_cli, _args(tmp_path, "200ms", endpoint))
+    backend = OtlpBackend()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{ports['grpc']}") as channel:
+            await TraceServiceStub(channel).Export(request, timeout=10)
+        await wait_until(
+            lambda: metric(scrape(ports["metrics"]), "plumb_export_queue_spans") == 15, 10, "complete traces queued"
+        )
+        assert await _stop(proc, signal.SIGKILL) == -signal.SIGKILL
+        await backend.start(port)
+        # After the restart the open trace is cut short by max_wait: indeterminate, still exported.
+        proc, ports, log = await asyncio.to_thread(start_cli, _args(tmp_path, "200ms", endpoint, max_wait="1s"))
+        await wait_until(lambda: backend.span_count >= len(sent), 15, "queue and journal delivered")
+        assert await _stop(proc, signal.SIGTERM) == 0, "".join(log)
+    finally:
+        proc.kill()
+        await backend.stop()
+    counts = Counter(s.span_id for s in backend.spans())
+    assert set(counts) == sent and set(counts.values()) == {1}, "every span exactly once"
+    verdicts = [attribute(s, "plumb.verdict") for s in backend.spans() if attribute(s, "plumb.verdict")]
+    assert sorted(verdicts) == ["conformant"] * 3 + ["indeterminate"]

@@ -34,8 +34,9 @@ class Origin:
 
 
 # What the assembler keeps per span so it can be forwarded unchanged: the span, where it came
-# from, and its span id in hex (as verdicts name it; read once at receipt).
-Payload = tuple[Span, Origin, str]
+# from, its span id in hex (as verdicts name it; read once at receipt), and the id of the
+# journaled request it arrived in (0: not journaled).
+Payload = tuple[Span, Origin, str, int]
 
 
 def _text(value: Any) -> str:
@@ -78,15 +79,15 @@ def annotate(
     """
     failures = [v for v in verdicts if v.verdict == "fail"]
     root_id = trajectory.root_span_id
-    root = next((span for span, _, span_id in payloads if span_id == root_id), None) if root_id else None
+    root = next((span for span, _, span_id, _ in payloads if span_id == root_id), None) if root_id else None
     if root is None and payloads:
         # No root received: the earliest span stands for the trajectory.
-        root = min((span for span, _, _ in payloads), key=lambda s: s.start_time_unix_nano)
+        root = min((p[0] for p in payloads), key=lambda s: s.start_time_unix_nano)
     if root is not None:
         root.attributes.extend(to_key_values(trajectory_attributes(status, policies, failures)))
     if not failures:
         return
-    by_id = {span_id: span for span, _, span_id in payloads}
+    by_id = {span_id: span for span, _, span_id, _ in payloads}
     offending: dict[int, tuple[Span, list[Verdict]]] = {}
     for v in failures:
         span = by_id.get(v.span_id or "") or root
@@ -109,7 +110,7 @@ def build_requests(payloads: Iterable[Payload], max_spans: int) -> list[tuple[Ex
     count = 0
     groups: dict[int, ResourceSpans] = {}
     scopes: dict[tuple[int, int], ScopeSpans] = {}
-    for span, origin, _ in payloads:
+    for span, origin, _, _ in payloads:
         if count >= max_spans:
             out.append((request, count))
             request, count, groups, scopes = ExportTraceServiceRequest(), 0, {}, {}

@@ -163,19 +163,36 @@ class OtlpExporter:
         self._senders = [asyncio.create_task(self._sender()) for _ in range(self.config.queue.concurrency)]
         self._wake.set()
 
-    async def submit(self, body: bytes, spans: int) -> None:
-        """Accept one serialised request: on disk when this returns."""
-        batch_id = await self._queue.put(body, spans)
-        self.queued_spans += spans
+    async def submit(
+        self,
+        batches: list[tuple[bytes, int]],
+        done: list[tuple[int, bytes]] | None = None,
+        released: list[int] | None = None,
+    ) -> None:
+        """Accept serialised requests (body, span count): on disk when this returns. ``done`` and
+        ``released`` update the receive journal in the same transaction (see DiskQueue.put)."""
+        ids = await self._queue.put(batches, done or [], released or [])
+        for batch_id, (body, spans) in zip(ids, batches, strict=True):
+            self.queued_spans += spans
+            # Kept in memory only when every earlier batch is there too, so that the loader can
+            # find the rest on disk in id order.
+            if batch_id == self._loaded_upto + 1 and self._mem_spans + spans <= self.config.queue.memory_spans:
+                self._mem.append(_Batch(batch_id, body, spans))
+                self._mem_spans += spans
+                self._loaded_upto = batch_id
         self._drained.clear()
         self._update_gauge()
-        # Kept in memory only when every earlier batch is there too, so that the loader can find
-        # the rest on disk in id order.
-        if batch_id == self._loaded_upto + 1 and self._mem_spans + spans <= self.config.queue.memory_spans:
-            self._mem.append(_Batch(batch_id, body, spans))
-            self._mem_spans += spans
-            self._loaded_upto = batch_id
         self._wake.set()
+
+    async def journal(self, body: bytes) -> int:
+        """Journal a received request until its spans are queued for export; returns its id."""
+        return await self._queue.journal(body)
+
+    async def release(self, journal_ids: list[int]) -> None:
+        await self._queue.release(journal_ids)
+
+    async def journaled(self) -> list[tuple[int, bytes, set[bytes]]]:
+        return await self._queue.journaled()
 
     async def flush(self, timeout: float) -> bool:
         """Wait until the backend acknowledged everything accepted; False on timeout."""

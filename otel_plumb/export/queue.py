@@ -1,6 +1,11 @@
 """The on-disk export queue: serialised OTLP requests in SQLite (WAL), deleted only once the
 backend has acknowledged them, so a backend outage or a restart loses nothing accepted.
 
+The same file journals received requests whose spans are still being assembled: a request is
+journaled before it is acknowledged to the client, and its journal entry is released in the same
+transaction that queues its last span for export. ``journal_done`` remembers which traces of a
+journaled request were queued already, so a replay after a crash sends no span twice.
+
 All calls run on one dedicated thread (SQLite connections are not shared across threads, and
 the event loop must not wait on disk).
 """
@@ -35,6 +40,11 @@ class DiskQueue:
         db.execute(
             "CREATE TABLE IF NOT EXISTS batches (id INTEGER PRIMARY KEY AUTOINCREMENT, spans INTEGER, body BLOB)"
         )
+        db.execute("CREATE TABLE IF NOT EXISTS journal (id INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB)")
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS journal_done (jid INTEGER, trace_id BLOB, PRIMARY KEY (jid, trace_id))"
+            " WITHOUT ROWID"
+        )
         self._db = db
         first, count, spans = db.execute("SELECT MIN(id), COUNT(*), COALESCE(SUM(spans), 0) FROM batches").fetchone()
         if first is None:
@@ -47,13 +57,62 @@ class DiskQueue:
         result: tuple[int, int, int] = await self._run(self._open)
         return result
 
-    def _put(self, body: bytes, spans: int) -> int:
+    def _put(
+        self, batches: list[tuple[bytes, int]], done: list[tuple[int, bytes]], released: list[int]
+    ) -> list[int]:
         assert self._db is not None
-        cur = self._db.execute("INSERT INTO batches (spans, body) VALUES (?, ?)", (spans, body))
+        db = self._db
+        ids = []
+        db.execute("BEGIN")
+        try:
+            for body, spans in batches:
+                cur = db.execute("INSERT INTO batches (spans, body) VALUES (?, ?)", (spans, body))
+                ids.append(int(cur.lastrowid or 0))
+            db.executemany("INSERT OR IGNORE INTO journal_done (jid, trace_id) VALUES (?, ?)", done)
+            self._release(released)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return ids
+
+    async def put(
+        self, batches: list[tuple[bytes, int]], done: list[tuple[int, bytes]], released: list[int]
+    ) -> list[int]:
+        """Queue serialised requests; in the same transaction, mark (journal id, trace id) pairs
+        as queued and drop the journal entries that have nothing left in flight."""
+        result: list[int] = await self._run(self._put, batches, done, released)
+        return result
+
+    def _release(self, released: list[int]) -> None:
+        assert self._db is not None
+        params = [(jid,) for jid in released]
+        self._db.executemany("DELETE FROM journal WHERE id = ?", params)
+        self._db.executemany("DELETE FROM journal_done WHERE jid = ?", params)
+
+    async def release(self, released: list[int]) -> None:
+        await self._run(self._release, released)
+
+    def _journal(self, body: bytes) -> int:
+        assert self._db is not None
+        cur = self._db.execute("INSERT INTO journal (body) VALUES (?)", (body,))
         return int(cur.lastrowid or 0)
 
-    async def put(self, body: bytes, spans: int) -> int:
-        result: int = await self._run(self._put, body, spans)
+    async def journal(self, body: bytes) -> int:
+        """Journal a received request (durable when this returns); returns its journal id."""
+        result: int = await self._run(self._journal, body)
+        return result
+
+    def _journaled(self) -> list[tuple[int, bytes, set[bytes]]]:
+        assert self._db is not None
+        done: dict[int, set[bytes]] = {}
+        for jid, trace_id in self._db.execute("SELECT jid, trace_id FROM journal_done"):
+            done.setdefault(jid, set()).add(trace_id)
+        return [(jid, body, done.get(jid, set())) for jid, body in self._db.execute("SELECT id, body FROM journal")]
+
+    async def journaled(self) -> list[tuple[int, bytes, set[bytes]]]:
+        """Journaled requests left by a previous run: (journal id, body, trace ids already queued)."""
+        result: list[tuple[int, bytes, set[bytes]]] = await self._run(self._journaled)
         return result
 
     def _delete(self, batch_id: int) -> None:

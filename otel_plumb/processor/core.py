@@ -81,6 +81,9 @@ class Processor:
         self._last_arrival: dict[str, float] = {}
         self._early: dict[str, set[tuple[str, str]]] = {}
         self._rooted: set[str] = set()
+        self._incoming = 0  # spans of requests accepted but not yet buffered
+        # Spans not yet queued for export, per journaled request.
+        self._journal_pending: dict[int, int] = {}
         self._grpc: grpc.aio.Server | None = None
         self._runners: list[web.AppRunner] = []
         self._tick_task: asyncio.Task[None] | None = None
@@ -111,6 +114,8 @@ class Processor:
         max_bytes = int(cfg.receivers.max_message_mib * 1024 * 1024)
         if self.exporter is not None:
             await self.exporter.start()
+            if self._annotate:
+                await self._replay_journal()
         if cfg.receivers.grpc.enabled:
             self._grpc = grpc_server.create_server(max_bytes)
             self._grpc.add_generic_rpc_handlers((grpc_server.trace_service_handler(self),))
@@ -204,16 +209,39 @@ class Processor:
         retry_after = self.config.receivers.retry_after
         if self._stopping or not self._started:
             raise Throttled(retry_after, "otel-plumb is shutting down", overloaded=False)
-        if self.assembler.spans_buffered >= self.config.receivers.max_buffered_spans:
+        if self.assembler.spans_buffered + self._incoming >= self.config.receivers.max_buffered_spans:
             raise Throttled(retry_after, "otel-plumb is at its limit of buffered spans; retry later")
         if self.exporter is not None and self.exporter.full:
             raise Throttled(retry_after, "otel-plumb export queue is full; retry later")
 
     async def ingest(self, request: ExportTraceServiceRequest, receiver: str) -> IngestResult:
         self._check_capacity()
-        if self.exporter is not None and not self._annotate:
-            # Passthrough: forwarded as received before anything else; the verdict follows later.
-            await self.exporter.submit(request.SerializeToString(), _span_count(request))
+        # Requests between the capacity check and the buffers count against the limit, so that
+        # many concurrent requests cannot all pass the check at once.
+        count = _span_count(request)
+        self._incoming += count
+        try:
+            journal_id = 0
+            if self.exporter is not None:
+                if self._annotate:
+                    # Durable before the client hears "ok": replayed after a crash until its spans
+                    # are queued for export.
+                    journal_id = await self.exporter.journal(request.SerializeToString())
+                else:
+                    # Passthrough: forwarded as received before anything else; the verdict follows.
+                    await self.exporter.submit([(request.SerializeToString(), count)])
+            return await self._take(request, receiver, journal_id)
+        finally:
+            self._incoming -= count
+
+    async def _take(
+        self,
+        request: ExportTraceServiceRequest,
+        receiver: str,
+        journal_id: int,
+        skip_traces: set[bytes] | frozenset[bytes] = frozenset(),
+    ) -> IngestResult:
+        """Normalise and buffer every span of a request (but those of ``skip_traces``)."""
         now = time.monotonic()
         accepted = rejected = 0
         forward: list[Payload] = []
@@ -228,15 +256,19 @@ class Processor:
                     if len(span.trace_id) != 16 or len(span.span_id) != 8:
                         rejected += 1
                         continue
+                    if skip_traces and span.trace_id in skip_traces:
+                        continue
                     accepted += 1
+                    if journal_id:
+                        self._journal_pending[journal_id] = self._journal_pending.get(journal_id, 0) + 1
                     try:
                         normalised = normalise(span_record(span, resource, scope_name))
                     except Exception:  # a span nobody can read is still forwarded, never lost
                         log.exception("cannot read span %s; forwarding it unchecked", span.span_id.hex())
                         self.metrics.spans_unchecked.labels("unreadable").inc()
-                        forward.append((span, origin, span.span_id.hex()))
+                        forward.append((span, origin, span.span_id.hex(), journal_id))
                         continue
-                    payload: Payload = (span, origin, normalised.span_id)
+                    payload: Payload = (span, origin, normalised.span_id, journal_id)
                     outcome, evicted = self.assembler.add(normalised, payload, now)
                     finished.extend(evicted)
                     if outcome is AddOutcome.ACCEPTED:
@@ -264,6 +296,8 @@ class Processor:
                 await self._decide(finished)
         if forward and self._annotate:
             await self._submit(forward)
+        if journal_id and journal_id not in self._journal_pending and self.exporter is not None:
+            await self.exporter.release([journal_id])  # nothing of it to export
         message = f"{rejected} spans without a valid trace_id/span_id" if rejected else ""
         return IngestResult(rejected, message)
 
@@ -356,15 +390,39 @@ class Processor:
         self.metrics.traces_in_flight.set(self.assembler.traces_in_flight)
         if out:
             await self._submit(out)
-        for request in verdict_spans:
+        if verdict_spans:
             assert self.exporter is not None
-            await self.exporter.submit(request.SerializeToString(), 1)
+            await self.exporter.submit([(request.SerializeToString(), 1) for request in verdict_spans])
 
     async def _submit(self, payloads: list[Payload]) -> None:
+        """Queue spans for export, and in the same transaction release the journaled requests
+        whose last span this was."""
         if self.exporter is None:
             return
-        for request, count in build_requests(payloads, self._batch_spans):
-            await self.exporter.submit(request.SerializeToString(), count)
+        done: set[tuple[int, bytes]] = set()
+        released: list[int] = []
+        pending = self._journal_pending
+        for span, _, _, journal_id in payloads:
+            if journal_id:
+                done.add((journal_id, span.trace_id))
+                left = pending[journal_id] - 1
+                if left:
+                    pending[journal_id] = left
+                else:
+                    del pending[journal_id]
+                    released.append(journal_id)
+        requests = build_requests(payloads, self._batch_spans)
+        batches = [(request.SerializeToString(), count) for request, count in requests]
+        await self.exporter.submit(batches, sorted(done), released)
+
+    async def _replay_journal(self) -> None:
+        """Requests acknowledged by a previous run that crashed before their spans were queued."""
+        assert self.exporter is not None
+        entries = await self.exporter.journaled()
+        for journal_id, body, done in entries:
+            await self._take(ExportTraceServiceRequest.FromString(body), "journal", journal_id, done)
+        if entries:
+            log.info("replayed %d journaled requests from a previous run", len(entries))
 
     async def _tick(self) -> None:
         interval = self.config.assembly.tick
