@@ -50,6 +50,11 @@ def test_coverage_counts_and_notes(tmp_path: Path) -> None:
     assert tools["arguments"] == {"captured": 4, "absent": 2, "redacted": 2, "undecodable": 0}
     assert tools["results"]["captured"] == 0 and tools["errored"] == 1
     assert tools["by_tool"]["schedule_payment"] == {"calls": 4, "with_arguments": 2, "with_result": 0, "errors": 1}
+    # the rootless trace lost its invoke_agent span: its calls are counted under the service
+    assert tools["by_agent"] == {
+        "ap": {"calls": 6, "arguments": {"captured": 2, "absent": 2, "redacted": 2, "undecodable": 0}},
+        "ap-agent": {"calls": 2, "arguments": {"captured": 2, "absent": 0, "redacted": 0, "undecodable": 0}},
+    }
     assert cov["not_understood"] == {"spans": 1, "names": {"SELECT invoices": 1}}
     assert cov["incomplete"] == {"trajectories": 1, "by_reason": {"no_root": 1}} and cov["without_root"] == 1
     assert cov["unlabelled"]["trajectories"] == 3

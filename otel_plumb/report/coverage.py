@@ -38,6 +38,7 @@ class CoverageCounter:
         self.errored = 0
         self.absent_args_by_convention: Counter[str] = Counter()
         self.tools: dict[str, Counter[str]] = {}
+        self.agents: dict[str, Counter[str]] = {}
         self.not_understood: Counter[str] = Counter()
         self.incomplete: Counter[str] = Counter()
         self.without_root = 0
@@ -83,6 +84,12 @@ class CoverageCounter:
             per_tool = self.tools.get(step.name)
             if per_tool is None:
                 per_tool = self.tools[step.name] = Counter()
+            agent = step.agent or trajectory.agent or trajectory.service or "unknown"
+            per_agent = self.agents.get(agent)
+            if per_agent is None:
+                per_agent = self.agents[agent] = Counter()
+            per_agent["calls"] += 1
+            per_agent[step.args_status] += 1
             per_tool["calls"] += 1
             if step.args_status == "captured":
                 per_tool["with_arguments"] += 1
@@ -110,6 +117,10 @@ class CoverageCounter:
                     for name, c in tools[:TOP_N]
                 },
                 "tools_seen": len(self.tools),
+                "by_agent": {
+                    name: {"calls": c["calls"], "arguments": {s: c.get(s, 0) for s in CAPTURE_STATUSES}}
+                    for name, c in sorted(self.agents.items(), key=lambda kv: (-kv[1]["calls"], kv[0]))[:TOP_N]
+                },
             },
             "not_understood": {
                 "spans": sum(self.not_understood.values()),
