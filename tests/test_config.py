@@ -98,3 +98,25 @@ def test_run_refuses_a_bad_config_or_policy_with_exit_2(tmp_path: Path) -> None:
     assert result.exit_code == 2 and str(policy) in result.output
     result = CliRunner().invoke(run, ["--export-otlp", "ftp://x"])
     assert result.exit_code == 2 and "exporters.otlp.endpoint" in result.output
+
+
+def test_json_logs_are_one_object_per_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    import logging
+
+    from otel_plumb.processor.config import LoggingConfig
+    from otel_plumb.processor.logs import configure_logging
+
+    configure_logging(LoggingConfig.model_validate({"level": "info", "json": True}))
+    try:
+        logging.getLogger("otel_plumb.processor").info("verdict: trace %s %s", "abc", "violating")
+        logging.getLogger("otel_plumb.processor").debug("not shown at info")
+    finally:
+        logging.getLogger("otel_plumb").handlers.clear()
+        logging.getLogger("otel_plumb").propagate = True
+        logging.getLogger("otel_plumb").setLevel(logging.NOTSET)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1
+    record = json.loads(lines[0])
+    assert record["level"] == "info" and record["message"] == "verdict: trace abc violating"
+    assert record["logger"] == "otel_plumb.processor" and record["time"].endswith("Z")
