@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from otel_plumb.check import CompiledPolicy
 from otel_plumb.cli.main import RunError
 from otel_plumb.processor.config import ProcessorConfig
 
@@ -32,7 +33,9 @@ def run(
     state_dir: str | None,
 ) -> None:
     """Receive OTLP traces, check trajectories live, export metrics and annotated spans."""
+    from otel_plumb.check import PolicyError
     from otel_plumb.processor.config import ConfigError, load_config
+    from otel_plumb.processor.core import load_policy_files
     from otel_plumb.processor.logs import configure_logging
 
     overrides: dict[str, Any] = {}
@@ -53,23 +56,22 @@ def run(
         raise RunError(str(exc)) from exc
     if state_dir is not None and config.exporters.otlp is not None:
         config.exporters.otlp.state_dir = state_dir
+    try:
+        compiled = load_policy_files(config.policies)
+    except PolicyError as exc:
+        raise RunError(str(exc)) from exc
     configure_logging(config.logging)
     try:
-        code = asyncio.run(_serve(config))
+        code = asyncio.run(_serve(config, compiled))
     except KeyboardInterrupt:  # a second Ctrl-C while draining
         code = 130
     raise SystemExit(code)
 
 
-async def _serve(config: ProcessorConfig) -> int:
-    from otel_plumb.check import PolicyError
+async def _serve(config: ProcessorConfig, policies: list[CompiledPolicy]) -> int:
     from otel_plumb.export.otlp import StateDirInUse
-    from otel_plumb.processor.core import Processor, load_policy_files
+    from otel_plumb.processor.core import Processor
 
-    try:
-        policies = load_policy_files(config.policies)
-    except PolicyError as exc:
-        raise RunError(str(exc)) from exc
     processor = Processor(config, policies)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
