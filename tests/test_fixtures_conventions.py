@@ -33,6 +33,7 @@ CONVENTIONS = {
     "mcp": "mcp",
     "mcp_sdk": "mcp",
     "mlflow": "mlflow",
+    "mlflow_tracing": "mlflow",
     "openai_v2": "otel_genai",
     "openai_v2_no_content": "otel_genai",
     "openinference_langchain": "openinference",
