@@ -214,7 +214,8 @@ class Processor:
         if self.exporter is not None and self.exporter.full:
             raise Throttled(retry_after, "otel-plumb export queue is full; retry later")
 
-    async def ingest(self, request: ExportTraceServiceRequest, receiver: str) -> IngestResult:
+    async def ingest(self, request: ExportTraceServiceRequest, receiver: str, raw: bytes | None = None) -> IngestResult:
+        """Take a request's spans (see ``SpanSink.ingest``)."""
         self._check_capacity()
         # Requests between the capacity check and the buffers count against the limit, so that
         # many concurrent requests cannot all pass the check at once.
@@ -226,10 +227,10 @@ class Processor:
                 if self._annotate:
                     # Durable before the client hears "ok": replayed after a crash until its spans
                     # are queued for export.
-                    journal_id = await self.exporter.journal(request.SerializeToString())
+                    journal_id = await self.exporter.journal(raw or request.SerializeToString())
                 else:
                     # Passthrough: forwarded as received before anything else; the verdict follows.
-                    await self.exporter.submit([(request.SerializeToString(), count)])
+                    await self.exporter.submit([(raw or request.SerializeToString(), count)])
             return await self._take(request, receiver, journal_id)
         finally:
             self._incoming -= count

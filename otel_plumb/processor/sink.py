@@ -31,8 +31,9 @@ class IngestResult:
 
 
 class SpanSink(Protocol):
-    async def ingest(self, request: ExportTraceServiceRequest, receiver: str) -> IngestResult:
-        """Take every span of the request, or raise Throttled before taking any."""
+    async def ingest(self, request: ExportTraceServiceRequest, receiver: str, raw: bytes | None = None) -> IngestResult:
+        """Take every span of the request, or raise Throttled before taking any. ``raw``: the
+        request as received, when it was protobuf (saves serialising it again)."""
         ...
 
     def malformed(self, receiver: str, reason: str) -> None:

@@ -48,7 +48,7 @@ def trace_service_handler(sink: SpanSink, receiver: str = "grpc") -> grpc.Generi
             sink.malformed(receiver, str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not an ExportTraceServiceRequest: {exc}")
         try:
-            result = await sink.ingest(request, receiver)
+            result = await sink.ingest(request, receiver, raw)
         except Throttled as exc:
             code, message, metadata = retry_status(exc)
             await context.abort(code, message, trailing_metadata=metadata)

@@ -54,7 +54,7 @@ def traces_app(sink: SpanSink, max_message_bytes: int, receiver: str = "http") -
             sink.malformed(receiver, str(exc))
             return _error(400, code_pb2.INVALID_ARGUMENT, f"not an ExportTraceServiceRequest: {exc}", as_json)
         try:
-            result = await sink.ingest(message, receiver)
+            result = await sink.ingest(message, receiver, None if as_json else raw)
         except Throttled as exc:
             retry_after = str(max(1, round(exc.retry_after)))
             return _error(
