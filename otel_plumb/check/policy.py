@@ -195,6 +195,11 @@ class CompiledPolicy:
     def __repr__(self) -> str:
         return f"CompiledPolicy({self.name!r}, {len(self.invariants)} invariants)"
 
+    @property
+    def task_attribute(self) -> str | None:
+        """The trajectory attribute naming the task (``task.attribute``), if the policy has one."""
+        return self._task_attribute
+
     def applies_to(self, trajectory: Trajectory) -> bool:
         return self._applies is None or self._applies.matches(trajectory)
 
