@@ -253,3 +253,9 @@ def test_early_failures_only_certain_fails(tmp_path):
     assert early["once"].step_index == 2 and early["order"].step_index == 1
     assert [v.invariant for v in p.early_failures(trajectory("fetch", "match", "pay"))] == ["never"]
     assert {v.invariant for v in p.evaluate(partial) if v.verdict == "fail"} >= set(early)
+
+
+def test_argument_check_without_calls_on_incomplete_trajectory_is_indeterminate(tmp_path):
+    inv = "{id: a, arg_equals: {tool: pay, arg: amount, value: 1}}"
+    assert one(tmp_path, inv, trajectory("fetch")).verdict == "not_applicable"
+    assert one(tmp_path, inv, trajectory("fetch", complete=False)).verdict == "indeterminate"

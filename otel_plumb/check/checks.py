@@ -253,7 +253,9 @@ class ArgumentCheck(Check):
     def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
         calls = _calls(steps, self.tools)
         if not calls:
-            return Outcome("not_applicable", None, f"no successful call of {tools_text(self.tools)}")
+            verdict: VerdictValue = "not_applicable" if run.complete else "indeterminate"
+            return Outcome(verdict, None, f"no successful call of {tools_text(self.tools)}"
+                           + ("" if run.complete else " yet; the trajectory is incomplete"))  # fmt: skip
         undecided: Outcome | None = None
         for s in calls:
             if s.args_status != "captured":
