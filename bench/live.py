@@ -262,7 +262,7 @@ async def main(args: argparse.Namespace) -> None:
               f"includes one idle_timeout of {IDLE_TIMEOUT}s)")
         print(f"ratio end-to-end / no-op   {rate / noop_rate:>10.0%}")
         print(f"spans at the sink          {sink.spans:>10,}   (expected {total:,})")
-        print(f"decision latency beyond idle_timeout (ack -> annotated root at the sink): "
+        print(f"decision latency beyond idle_timeout at full load (ack -> annotated root at the sink): "
               f"p50 {p50(latencies):.3f}s  p99 {p99(latencies):.3f}s  over {len(latencies)} traces")
         print(f"processor peak RSS         {peak_kib / 1024:>10,.0f} MiB")
         print("processor counters: " + ", ".join(
@@ -270,8 +270,15 @@ async def main(args: argparse.Namespace) -> None:
             for name in ("plumb_spans_received_total", "plumb_spans_dropped_total", "plumb_violations_total",
                          "plumb_trajectories_total")
         ))  # fmt: skip
+        steady = rate * 0.5
+        latencies = await paced(grpc_port, proc.pid, 8, steady, sink)
+        print(f"decision latency beyond idle_timeout at {steady:,.0f} spans/s (half the measured rate): "
+              f"p50 {p50(latencies):.3f}s  p99 {p99(latencies):.3f}s  over {len(latencies)} traces")  # fmt: skip
         if args.soak:
-            await soak(grpc_port, proc.pid, args.soak, args.soak_rate or rate * 0.5)
+            soak_rate = args.soak_rate or steady
+            print(f"soak: {soak_rate:,.0f} spans/s for {args.soak:.0f}s")
+            await paced(grpc_port, proc.pid, args.soak, soak_rate, sink, rss_every=5)
+            print(f"processor peak RSS after the soak: {rss_kib(proc.pid, 'VmHWM') / 1024:,.0f} MiB")
     finally:
         proc.terminate()
         await asyncio.to_thread(proc.wait, 60)
@@ -279,30 +286,39 @@ async def main(args: argparse.Namespace) -> None:
             await sink.server.stop(None)
 
 
-async def soak(port: int, pid: int, seconds: float, rate: float) -> None:
-    """Send fresh traces at ``rate`` spans/s for ``seconds``, printing the processor's RSS every 5 s."""
+async def paced(
+    port: int, pid: int, seconds: float, rate: float, sink: Sink, rss_every: float | None = None
+) -> list[float]:
+    """Send fresh traces at ``rate`` spans/s for ``seconds`` (optionally printing the processor's
+    RSS); returns each trace's decision latency beyond idle_timeout (ack -> root at the sink)."""
     per_request = TRACES_PER_REQUEST * SPANS_PER_TRACE
     interval = per_request / rate
-    print(f"soak: {rate:,.0f} spans/s for {seconds:.0f}s")
+    acked: dict[bytes, float] = {}
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         export = ch.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
         start = time.monotonic()
         next_print = start
         sent = 0
         while (tick := time.monotonic()) < start + seconds:
-            body, _ = build_request(sent)
+            body, trace_ids = build_request(sent)
             try:
                 await export(body, timeout=60)
                 sent += 1
+                now = time.monotonic()
+                acked.update((t, now) for t in trace_ids)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE):
                     raise
                 await asyncio.sleep(_retry_delay(exc))
-            if tick >= next_print:
+            if rss_every is not None and tick >= next_print:
                 rss = rss_kib(pid) / 1024
                 print(f"  t={tick - start:6.1f}s  sent {sent * per_request:>10,} spans  RSS {rss:8.1f} MiB", flush=True)
-                next_print = tick + 5
+                next_print = tick + rss_every
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - tick)))
+    deadline = time.monotonic() + 30
+    while any(t not in sink.root_arrival for t in acked) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return [sink.root_arrival[t] - a - IDLE_TIMEOUT for t, a in acked.items() if t in sink.root_arrival]
 
 
 def free_port() -> int:
