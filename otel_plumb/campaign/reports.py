@@ -187,7 +187,8 @@ def render_html(report: dict[str, Any]) -> str:
                      "<th>argument agreement</th><th>difference</th><th>p (permutation)</th></tr>")
         for name, p in pair["by_perturbation"].items():
             diff = "n/a" if p["difference"] is None else f"{100 * p['difference']:+.1f} pts"
-            pv = "n/a" if p["p_value"] is None else f"{p['p_value']:.4f}"
+            pv = "n/a" if p["p_value"] is None else (
+                f"{p['p_value']:.4f}" if p["p_value"] >= 1e-4 else f"{p['p_value']:.1e}")
             sig = " bad" if p["p_value"] is not None and p["p_value"] < 0.05 else ""
             parts.append(f"<tr><td>{e(name)}</td><td class='num'>{p['pairs']}</td>{_cell(p['success'][a])}"
                          f"{_cell(p['success'][b])}{_cell(p['outcome'])}{_cell(p['path'])}{_cell(p['argument'])}"

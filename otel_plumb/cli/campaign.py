@@ -80,6 +80,10 @@ def _pct(r: dict[str, Any] | None) -> str:
     return f"{100 * r['rate']:5.1f}% [{100 * r['lo']:.1f}, {100 * r['hi']:.1f}]"
 
 
+def _p(value: float) -> str:
+    return f"{value:.4f}" if value >= 1e-4 else f"{value:.1e}"
+
+
 def _summary(report: dict[str, Any]) -> None:
     click.echo(f"campaign {report['campaign']}  run {report['run_id']}  ({report['run_status']}, "
                f"{len(report['trials'])} trials)")
@@ -104,7 +108,7 @@ def _parity_table(pair: dict[str, Any]) -> None:
     click.echo(f"\nparity {a} vs {b}")
     for name, p in pair["by_perturbation"].items():
         diff = "n/a" if p["difference"] is None else f"{100 * p['difference']:+6.1f} pts"
-        pv = "n/a" if p["p_value"] is None else f"{p['p_value']:.4f}"
+        pv = "n/a" if p["p_value"] is None else _p(p["p_value"])
         click.echo(f"  {name:<12} success {_pct(p['success'][a])} vs {_pct(p['success'][b])}  {diff}  p = {pv}"
                    f"  path agreement {_pct(p['path'])}")
 
