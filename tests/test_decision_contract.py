@@ -134,3 +134,19 @@ def test_dataset_errors_name_the_line(tmp_path: Path) -> None:
     path.write_text("\n")
     with pytest.raises(DatasetError, match="no cases"):
         load_dataset(path, spec)
+
+
+def test_shipped_triage_contract_validates_and_runs_on_its_mock_backend(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from otel_plumb.cli.decision import decision
+
+    contract = Path(__file__).resolve().parent.parent / "configs" / "decisions" / "triage.yaml"
+    validated = CliRunner().invoke(decision, ["validate", str(contract)])
+    assert validated.exit_code == 0 and "default=openai, mock=mock" in validated.output
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(decision, ["test", "--all", "-b", "mock", str(contract), "-o", str(out)])
+    assert result.exit_code == 1
+    report = json.loads(out.read_text())
+    option_order = report["properties"]["summaries"][0]
+    assert option_order["property"] == "option_order" and option_order["n_flips"] > 0
