@@ -245,7 +245,10 @@ class Processor:
         """Normalise and buffer every span of a request (but those of ``skip_traces``)."""
         now = time.monotonic()
         accepted = rejected = 0
-        forward: list[Payload] = []
+        # Forwarded unchecked: spans of decided traces (late), and spans of traces still in flight
+        # (over the span limit, unreadable) whose other spans must still be replayable.
+        late: list[Payload] = []
+        unchecked: list[Payload] = []
         touched: dict[str, bool] = {}
         finished: list[Finished] = []
         for rs in request.resource_spans:
@@ -267,7 +270,7 @@ class Processor:
                     except Exception:  # a span nobody can read is still forwarded, never lost
                         log.exception("cannot read span %s; forwarding it unchecked", span.span_id.hex())
                         self.metrics.spans_unchecked.labels("unreadable").inc()
-                        forward.append((span, origin, span.span_id.hex(), journal_id))
+                        unchecked.append((span, origin, span.span_id.hex(), journal_id))
                         continue
                     payload: Payload = (span, origin, normalised.span_id, journal_id)
                     outcome, evicted = self.assembler.add(normalised, payload, now)
@@ -280,7 +283,7 @@ class Processor:
                         touched[tid] = touched.get(tid, False) or normalised.kind != "other"
                     else:
                         self.metrics.spans_unchecked.labels(outcome.value).inc()
-                        forward.append(payload)
+                        (late if outcome is AddOutcome.LATE else unchecked).append(payload)
         if accepted:
             self.metrics.spans_received.labels(receiver).inc(accepted)
         if rejected:
@@ -295,8 +298,10 @@ class Processor:
         if finished:
             async with self._decide_lock:
                 await self._decide(finished)
-        if forward and self._annotate:
-            await self._submit(forward)
+        if late and self._annotate:
+            await self._submit(late)
+        if unchecked and self._annotate:
+            await self._submit(unchecked, whole_traces=False)
         if journal_id and journal_id not in self._journal_pending and self.exporter is not None:
             await self.exporter.release([journal_id])  # nothing of it to export
         message = f"{rejected} spans without a valid trace_id/span_id" if rejected else ""
@@ -395,9 +400,10 @@ class Processor:
             assert self.exporter is not None
             await self.exporter.submit([(request.SerializeToString(), 1) for request in verdict_spans])
 
-    async def _submit(self, payloads: list[Payload]) -> None:
+    async def _submit(self, payloads: list[Payload], whole_traces: bool = True) -> None:
         """Queue spans for export, and in the same transaction release the journaled requests
-        whose last span this was."""
+        whose last span this was. ``whole_traces``: the payloads hold every span their traces
+        have in their journaled requests, so a replay can skip those traces."""
         if self.exporter is None:
             return
         done: set[tuple[int, bytes]] = set()
@@ -405,7 +411,8 @@ class Processor:
         pending = self._journal_pending
         for span, _, _, journal_id in payloads:
             if journal_id:
-                done.add((journal_id, span.trace_id))
+                if whole_traces:
+                    done.add((journal_id, span.trace_id))
                 left = pending[journal_id] - 1
                 if left:
                     pending[journal_id] = left
