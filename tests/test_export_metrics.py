@@ -70,3 +70,29 @@ async def test_late_spans_are_forwarded_and_counted(tmp_path: Path) -> None:
     forwarded = [s for s in backend.spans() if s.span_id in late_ids]
     assert len(forwarded) == 2 and all(not s.events and not any(a.key.startswith("plumb.v") for a in s.attributes)
                                        for s in forwarded)
+
+
+async def test_session_grouping_decides_one_trajectory_over_several_traces(tmp_path: Path) -> None:
+    backend = OtlpBackend()
+    await backend.start(0)
+    processor = Processor(
+        config(tmp_path, backend.endpoint, assembly={"group_by": "session", "session_idle_timeout": 0.3})
+    )
+    records: list[dict[str, object]] = []
+    processor.on_decided(lambda record, _t, _v: records.append(record))
+    await processor.start()
+    try:
+        turns = [trace_request(tools=2), trace_request(tools=1)]
+        for turn in turns:
+            for span in turn.resource_spans[0].scope_spans[0].spans:
+                span.attributes.add(key="gen_ai.conversation.id").value.string_value = "conv-42"
+            await processor.ingest(turn, "grpc")
+        await wait_until(lambda: backend.span_count == 5, 5, "the session decided and exported")
+    finally:
+        await processor.stop()
+        await backend.stop()
+    (record,) = records
+    assert record["session_id"] == "conv-42" and record["key"] == "conv-42"
+    assert sorted(record["trace_ids"]) == sorted(  # type: ignore[arg-type]
+        t.resource_spans[0].scope_spans[0].spans[0].trace_id.hex() for t in turns
+    )
