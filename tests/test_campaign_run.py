@@ -171,6 +171,26 @@ async def test_http_retries_only_connection_errors():
     assert hits == [1]  # the agent ran: not retried
     await server.cleanup()
     closed = HttpRunner(HttpArm(url=f"http://127.0.0.1:{port}/run", retries=2))
+    slow_hits = []
+
+    async def slow(req: web.Request) -> web.Response:
+        slow_hits.append(1)
+        await asyncio.sleep(1)
+        return web.json_response({"output": "late"})
+
+    app2 = web.Application()
+    app2.router.add_post("/run", slow)
+    server2 = web.AppRunner(app2, access_log=None)
+    await server2.setup()
+    site2 = web.TCPSite(server2, "127.0.0.1", 0)
+    await site2.start()
+    port2 = site2._server.sockets[0].getsockname()[1]
+    slow_runner = HttpRunner(HttpArm(url=f"http://127.0.0.1:{port2}/run", timeout_s=0.3, retries=3))
+    with pytest.raises(AgentError, match=r"no answer within 0\.3s"):
+        await slow_runner({"input": "x"}, ctx)
+    assert slow_hits == [1]  # a timeout is not retried either
+    await slow_runner.close()
+    await server2.cleanup()
     with pytest.raises(AgentError, match="cannot connect"):
         await closed({"input": "x"}, ctx)
     await runner.close()
@@ -187,6 +207,10 @@ async def test_command_arm_reads_stdin_and_trace_context_from_the_environment(tm
                             "  baseline: {repeats: 1}\n", cases=1)
     (trial,) = (await run_once(broken, Store(tmp_path / "runs2.db")))["trials"]
     assert trial["status"] == "error" and "exited 3" in trial["error"]
+    hung = setup_campaign(tmp_path, "  cmd: {command: {argv: [python, -c, 'import time; time.sleep(30)'], "
+                          "timeout_s: 0.5}}\n", "  baseline: {repeats: 1}\n", cases=1)
+    (trial,) = (await run_once(hung, Store(tmp_path / "runs3.db")))["trials"]
+    assert trial["status"] == "error" and "no answer within 0.5s" in trial["error"]
 
 
 async def test_a_trial_whose_trace_never_arrives_is_an_error_not_dropped(tmp_path):
@@ -324,6 +348,10 @@ def test_cli_run_report_parity_show_replay_minimise(tmp_path):
     assert any("match_purchase_order" in line and "✗" in line for line in lines)
     # naive holds the invoice where retry pays it: marked as a substitution at the step
     assert any("flag_exception" in line and "schedule_payment" in line and "<- substitute" in line for line in lines)
+    res = cli_runner.invoke(cli, ["campaign", "show", run_id, "--case", "INV-7001", "--variant", "tool_fault-0",
+                                  "--arm", "naive", "--store", db])
+    assert res.exit_code == 0, res.output
+    assert res.output.startswith("naive modal baseline") and "<- substitute" in res.output
     res = cli_runner.invoke(cli, ["campaign", "replay", run_id, "--failing", "--store", db, "-q"])
     assert res.exit_code == 0, res.output
     assert "reproduced" in res.output and "tool_fault-0" in res.output
