@@ -22,6 +22,8 @@ from decguard.fuzz.replay import replay as dg_replay
 from decguard.production.engine import run_check as dg_run_check
 from decguard.regression.diff import load_and_diff as dg_diff
 from decguard.reports.model import write_report as dg_write_report
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from otel_plumb.cli.decision import decision
 from otel_plumb.decision.contract import load_contract
@@ -494,3 +496,67 @@ def test_decguard_format_reports_load_in_decguard(tmp_path: Path) -> None:
     )
     refused = CliRunner().invoke(decision, ["fuzz", str(contract), "--decguard-format"])
     assert refused.exit_code == 2 and "max_flip_rate_upper" in refused.output
+
+
+WORDS = st.text(alphabet="abcdefgh ij.!?\n\té", min_size=0, max_size=40)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    kind=st.sampled_from(["choice", "noul", "score"]),
+    labels=st.lists(st.text(alphabet="abcxyzAB", min_size=1, max_size=6), min_size=2, max_size=8, unique=True),
+    texts=st.lists(WORDS, min_size=1, max_size=5),
+    seed=st.integers(0, 2**40),
+    bias=st.sampled_from([0.0, 0.25, 1.0]),
+    props=st.sets(
+        st.sampled_from(
+            ["option_order", "label_format", "irrelevant_context", "repeated_context", "whitespace", "paraphrase"]
+        ),
+        min_size=1,
+    ),
+)
+def test_random_contracts_agree_with_decguard(
+    tmp_path_factory: pytest.TempPathFactory,
+    kind: str,
+    labels: list[str],
+    texts: list[str],
+    seed: int,
+    bias: float,
+    props: set[str],
+) -> None:
+    folder = tmp_path_factory.mktemp("random")
+    if kind == "noul":
+        labels = labels[:2]
+        props.add("inversion")
+    if kind == "score":
+        props.discard("option_order")
+        props.add("monotonic")
+    config = {
+        "option_order": {"samples": 4, "max_tv_distance": 0.01, "max_flip_rate": 0.2},
+        "label_format": {"samples": 3, "max_js_divergence": 0.001},
+        "irrelevant_context": {"insertions": 2, "max_abs_delta": 0.05},
+        "repeated_context": {"max_confidence_delta": 0.05, "level": "warning"},
+        "whitespace": {"edits": 4, "max_tv_distance": 0.1},
+        "paraphrase": {"max_tv_distance": 0.0},
+        "inversion": {"rewrites": [{"find": "a", "replace": "not a"}], "max_flip_rate": 0},
+        "monotonic": {"field": "n", "deltas": [1, 7], "max_level_decrease": 0.01, "max_flip_rate": 0},
+    }
+    decision_ = {"choice": {"options": labels}, "noul": {"labels": labels}, "score": {"levels": labels}}[kind]
+    doc = {
+        "schema_version": "0.1",
+        "decision": {"type": kind, "name": "d", **decision_},
+        "backend": {"provider": "mock", "seed": seed, "position_bias": bias},
+        "dataset": "cases.json",
+        "requirements": {"min_accuracy": 0.5},
+        "properties": {name: config[name] for name in props},
+        "fuzz": {"seed": seed, "text_field": "t", "max_minimize_calls": 5},
+    }
+    cases = [
+        {"id": f"c{i}", "input": {"t": t, "n": i} if kind == "score" else t, "expected": labels[i % len(labels)]}
+        for i, t in enumerate(texts)
+    ]
+    (folder / "cases.json").write_text(json.dumps(cases))
+    (folder / "c.yaml").write_text(json.dumps(doc))
+    ours = without_monotonic_reductions(ours_report(folder / "c.yaml"))
+    theirs = theirs_report(folder / "c.yaml")
+    assert differences(ours, theirs) == []
