@@ -465,6 +465,11 @@ def render_production(report: Mapping[str, Any]) -> str:
         lines.append(
             f"  Threshold     confidence >= {m['threshold']['threshold']:g}: coverage {num(m['threshold']['coverage'])}"
         )
+    r = m["routing"]
+    lines.append(
+        f"  Routing       abstain {num(r['abstention_rate'])} · fallback {num(r['fallback_rate'])} · "
+        f"review {num(r['human_review_rate'])}"
+    )
     if report["baseline"] is not None:
         d = report["drift"]
         lines += [
@@ -473,6 +478,8 @@ def render_production(report: Mapping[str, Any]) -> str:
             f"  Drift         confidence TV {num(d['confidence_tv_distance'])} · accuracy drop "
             f"{num(d['accuracy_drop'])} · ECE increase {num(d['ece_increase'])}",
         ]
+    if report["segments"]:
+        lines += ["", "  Segments"]
     for s in report["segments"]:
         lines.append(
             f"    {s['status'].upper():<4} {s['key']}={'<missing>' if s['value'] is None else s['value']} · "
