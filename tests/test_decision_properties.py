@@ -448,3 +448,14 @@ def test_transform_generation_is_pure(tmp_path: Path) -> None:
     again = asyncio.run(transform.generate(case, case_rng(42, "whitespace", "c0")))
     assert first == again
     assert all(transform.apply(case.input, m.steps).input == m.input for m in first)
+
+
+def test_text_report_shows_checks_intervals_and_failures(biased_report: Path) -> None:
+    text = CliRunner().invoke(decision, ["report", str(biased_report)]).output
+    report = json.loads(biased_report.read_text())
+    s = report["properties"]["summaries"][0]
+    assert text.startswith("otel-plumb decision · route (choice) · FAIL")
+    assert f"{s['n_evaluated']} compared · {s['n_violations']} violating" in text
+    assert "FAIL  option_order.max_violation_rate" in text and "[95% CI " in text
+    assert "replay with `otel-plumb decision replay`" in text and "sent: options [" in text
+    assert text.rstrip().endswith("FAIL: at least one requirement does not hold")
