@@ -117,9 +117,6 @@ def read_batches(path: str | os.PathLike[str]) -> Iterator[list[Item]]:
         yield [ReadError(name, f"cannot open: {exc.strerror or exc}")]
         return
     with f:
-        if os.path.isdir(name):
-            yield [ReadError(name, "is a directory")]
-            return
         try:
             yield from _read_stream(name, f, compressed=False)
         except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:
