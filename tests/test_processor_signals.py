@@ -7,6 +7,7 @@ import asyncio
 import json
 import signal
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -168,3 +169,22 @@ async def test_sigkill_with_trajectories_in_flight_loses_nothing_acknowledged(tm
     assert set(counts) == sent and set(counts.values()) == {1}, "every span exactly once"
     verdicts = [attribute(s, "plumb.verdict") for s in backend.spans() if attribute(s, "plumb.verdict")]
     assert sorted(verdicts) == ["conformant"] * 3 + ["indeterminate"]
+
+
+async def test_a_second_processor_on_the_same_port_or_state_dir_refuses_to_start(tmp_path: Path) -> None:
+    proc, ports, log = await asyncio.to_thread(start_cli, _args(tmp_path, "1s", "grpc://127.0.0.1:1"))
+    try:
+        same_port = [
+            *_args(tmp_path, "1s", "grpc://127.0.0.1:1"),
+            *("--grpc", f"127.0.0.1:{ports['grpc']}", "--state-dir", str(tmp_path / "other-state")),
+        ]
+        same_state = _args(tmp_path, "1s", "grpc://127.0.0.1:1")
+        for args, message in ((same_port, "cannot listen on"), (same_state, "used by another otel-plumb process")):
+            second = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "otel_plumb", "run", *args],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            assert second.returncode == 2 and message in second.stderr, second.stderr
+        assert await _stop(proc, signal.SIGTERM) == 0, "".join(log)
+    finally:
+        proc.kill()

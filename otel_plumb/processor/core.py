@@ -123,7 +123,10 @@ class Processor:
 
             add_verdict_service(self._grpc, self.hub)
             host, port = parse_hostport(cfg.receivers.grpc.endpoint)
-            self.grpc_port = self._grpc.add_insecure_port(f"{host}:{port}")
+            try:
+                self.grpc_port = self._grpc.add_insecure_port(f"{host}:{port}")
+            except RuntimeError as exc:  # grpcio raises this when the address is taken
+                raise OSError(f"cannot listen on {cfg.receivers.grpc.endpoint} for OTLP/gRPC: {exc}") from exc
             if self.grpc_port == 0:
                 raise OSError(f"cannot listen on {cfg.receivers.grpc.endpoint} for OTLP/gRPC")
             await self._grpc.start()

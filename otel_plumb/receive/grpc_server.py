@@ -69,5 +69,7 @@ def create_server(max_message_bytes: int) -> grpc.aio.Server:
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            # A second process on the same port must fail to start, not share the traffic.
+            ("grpc.so_reuseport", 0),
         ]
     )
