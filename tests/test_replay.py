@@ -170,3 +170,18 @@ def test_session_spread_through_the_file_stays_one_trajectory(tmp_path: Path) ->
     sessions = [t for t in result.trajectories if t.session_id == "s-1"]
     assert len(sessions) == 1 and len(sessions[0].trace_ids) == 2
     assert len(result.trajectories) == 7 and result.stats.late_spans == 0
+
+
+def test_entry_point_exit_codes(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    good = write_records(tmp_path / "t.pb", by_trace(agent_traces(1)))
+    ok = subprocess.run([sys.executable, "-m", "otel_plumb", "coverage", str(good)], capture_output=True, text=True)
+    assert ok.returncode == 0 and "read 1 file: 4 spans, 1 trajectories" in ok.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "otel_plumb", "replay", str(good), str(tmp_path / "absent.json")],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2 and "absent.json: no such file" in missing.stderr
