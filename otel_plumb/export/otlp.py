@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import IO
+from urllib.parse import urlsplit
 
 import aiohttp
 import grpc
@@ -158,7 +159,9 @@ class OtlpExporter:
                 EXPORT_METHOD, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
             )
         else:
-            self._url = self.config.endpoint if rest.count("/") else self.config.endpoint.rstrip("/") + "/v1/traces"
+            # The OTLP/HTTP convention: a bare host:port means its /v1/traces.
+            url = urlsplit(self.config.endpoint)
+            self._url = url._replace(path=url.path if url.path.strip("/") else "/v1/traces").geturl()
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.timeout))
         self._senders = [asyncio.create_task(self._sender()) for _ in range(self.config.queue.concurrency)]
         self._wake.set()
