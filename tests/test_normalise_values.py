@@ -18,6 +18,8 @@ from otel_plumb.normalise.values import PLACEHOLDERS
         ("[1, 'two']", [1, "two"]),
         ("Paris", "Paris"),  # plain strings are data as they are
         ('"Paris"', "Paris"),
+        ('{"id": 123456789012345678901234567890}', {"id": 123456789012345678901234567890}),  # exact, not a float
+        ("[-9223372036854775809]", [-9223372036854775809]),
         ('"{not json"', "{not json"),  # an inner string that merely starts with '{' stays a string
         ({"already": "a map"}, {"already": "a map"}),  # OTLP kvlist
         ([1, 2], [1, 2]),

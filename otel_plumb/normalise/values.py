@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from typing import Any, NamedTuple
 
 import orjson
@@ -45,6 +46,8 @@ PLACEHOLDERS = frozenset(
 # Largest string handed to ast.literal_eval: it builds a full syntax tree first.
 _LITERAL_EVAL_MAX = 200_000
 _OPENERS = ("{", "[")
+# orjson turns integers beyond 64 bits into floats: text with such a digit run takes json's path.
+_LONG_DIGITS = re.compile(r"\d{19}")
 # Double (or deeper) encoding is unwound at most this many times.
 _MAX_UNWRAP = 3
 
@@ -89,7 +92,7 @@ def decode(raw: Any) -> Decoded:
 
 def _decode_text(text: str) -> Decoded:
     # Fast path, the common case on the hot path: a JSON object or array, encoded once.
-    if text[:1] in _OPENERS:
+    if text[:1] in _OPENERS and not _LONG_DIGITS.search(text):
         try:
             value = orjson.loads(text)
         except orjson.JSONDecodeError:
