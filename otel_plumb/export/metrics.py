@@ -91,7 +91,7 @@ class Metrics:
         )
         self.decision_seconds = Histogram(
             "plumb_trajectory_decision_seconds",
-            "Time from a trajectory's first span arriving to its verdict.",
+            "Time from a trajectory's last span arriving to its verdict (includes idle_timeout).",
             buckets=DECISION_BUCKETS,
             registry=r,
         )
