@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from aiohttp import ClientPayloadError, web
+from aiohttp.web_protocol import RequestPayloadError
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, status_pb2
@@ -45,7 +46,7 @@ def traces_app(sink: SpanSink, max_message_bytes: int, receiver: str = "http") -
         # small compressed body cannot expand past the message size limit.
         try:
             raw = await request.read()
-        except ClientPayloadError as exc:
+        except (ClientPayloadError, RequestPayloadError) as exc:  # e.g. a body that is not the gzip it claims
             sink.malformed(receiver, str(exc))
             return _error(400, code_pb2.INVALID_ARGUMENT, f"unreadable body: {exc}", as_json)
         try:
