@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from otel_plumb.campaign.config import load_campaign
 from otel_plumb.campaign.engine import CampaignRun, plan
-from otel_plumb.campaign.reports import build_report, render_html, write_junit
+from otel_plumb.campaign.reports import build_report, divergence_views, render_html, write_junit
 from otel_plumb.campaign.runners import AgentError, HttpRunner, TraceContext
 from otel_plumb.campaign.store import Store
 from otel_plumb.cli.main import cli
@@ -110,8 +110,11 @@ async def test_python_arms_with_tool_faults_end_to_end(tmp_path):
     record = store.trajectory(report["run_id"], some["trial_id"])
     assert record["trial_id"] == some["trial_id"] and record["case_id"] == some["case_id"]
     assert next(s["name"] for s in record["steps"] if s["kind"] == "tool") == "fetch_invoice"
-    html = render_html(report)
+    views = divergence_views(store, report)
+    assert [v[0].split(",")[0] for v in views] == ["Arm naive"]  # the retry arm never diverged
+    html = render_html(report, views)
     assert "<svg" in html and "tool_fault" in html and "Parity naive vs retry" in html
+    assert "naive modal baseline" in html and ">failed<" in html  # the match that failed, side by side
     write_junit(report, tmp_path / "junit.xml")
     assert 'name="tool_fault"' in (tmp_path / "junit.xml").read_text()
 

@@ -30,8 +30,14 @@ class AlignedPair:
 
 
 def align(
-    expected: Sequence[T], got: Sequence[T], same: Callable[[T, T], bool] = lambda a, b: a == b
+    expected: Sequence[T],
+    got: Sequence[T],
+    same: Callable[[T, T], bool] = lambda a, b: a == b,
+    score_pair: Callable[[T, T], int] | None = None,
 ) -> list[AlignedPair]:
+    """``score_pair`` (optional) scores a column instead of ``same`` (positive: a match, e.g. +1
+    for the same tool that failed on one side only); the default is +2 / -1."""
+    pair = score_pair or (lambda a, b: MATCH if same(a, b) else MISMATCH)
     n, m = len(expected), len(got)
     # score[i][j]: best score aligning expected[:i] with got[:j]
     score = [[0] * (m + 1) for _ in range(n + 1)]
@@ -43,7 +49,7 @@ def align(
         row, prev = score[i], score[i - 1]
         e = expected[i - 1]
         for j in range(1, m + 1):
-            diag = prev[j - 1] + (MATCH if same(e, got[j - 1]) else MISMATCH)
+            diag = prev[j - 1] + pair(e, got[j - 1])
             up = prev[j] + GAP
             left = row[j - 1] + GAP
             row[j] = max(diag, up, left)
@@ -51,9 +57,9 @@ def align(
     i, j = n, m
     while i > 0 or j > 0:
         if i > 0 and j > 0:
-            is_same = same(expected[i - 1], got[j - 1])
-            if score[i][j] == score[i - 1][j - 1] + (MATCH if is_same else MISMATCH):
-                out.append(AlignedPair("match" if is_same else "substitute", i - 1, j - 1))
+            column = pair(expected[i - 1], got[j - 1])
+            if score[i][j] == score[i - 1][j - 1] + column:
+                out.append(AlignedPair("match" if column > 0 else "substitute", i - 1, j - 1))
                 i, j = i - 1, j - 1
                 continue
         if i > 0 and score[i][j] == score[i - 1][j] + GAP:

@@ -142,7 +142,11 @@ def _cell(r: dict[str, Any] | None) -> str:
             f'<small class="muted">[{100 * r["lo"]:.1f}, {100 * r["hi"]:.1f}] n={r["n"]}</small></td>')
 
 
-def render_html(report: dict[str, Any]) -> str:
+# (heading, left title, left record, right title, right record)
+View = tuple[str, str, dict[str, Any], str, dict[str, Any]]
+
+
+def render_html(report: dict[str, Any], views: list[View] | None = None) -> str:
     e = html.escape
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Campaign {e(report['campaign'])}</title>"
              f"<style>{_CSS}</style></head><body>",
@@ -202,12 +206,41 @@ def render_html(report: dict[str, Any]) -> str:
             parts.append(f"<tr><td><code>{e(t['trial_id'])}</code></td><td>{e(t['arm'])}</td>"
                          f"<td>{e(t['variant_id'])}</td><td class='err'>{e(str(t['error']))}</td></tr>")
         parts.append("</table>")
+    for heading, lt, left, rt, right in views or ():
+        parts.append(f"<h2>{e(heading)}</h2>" + _aligned_table(lt, left, rt, right))
     parts.append("</body></html>")
     return "".join(parts)
 
 
-def write_html(report: dict[str, Any], path: str | Path) -> None:
-    Path(path).write_text(render_html(report), encoding="utf-8")
+def write_html(report: dict[str, Any], path: str | Path, views: list[View] | None = None) -> None:
+    Path(path).write_text(render_html(report, views), encoding="utf-8")
+
+
+def divergence_views(store: Store, report: dict[str, Any]) -> list[View]:
+    """For each arm, its most frequent divergence: the example trial aligned with the modal
+    baseline trajectory of the same case."""
+    from otel_plumb.campaign.analysis import baselines
+
+    run_id = report["run_id"]
+    trials = {t["trial_id"]: t for t in report["trials"]}
+    views: list[View] = []
+    for arm, data in report["arms"].items():
+        found = [(name, d) for name, p in data["perturbations"].items() for d in p["divergences"]]
+        if not found:
+            continue
+        name, top = max(found, key=lambda x: x[1]["count"])
+        example = trials.get(top["example_trial"])
+        if example is None:
+            continue
+        case_rows = [t for t in store.trials(run_id) if t.case_id == example["case_id"]]
+        base = baselines(case_rows).get((arm, example["case_id"]))
+        left = store.trajectory(run_id, base.trial_id) if base is not None and base.trial_id else None
+        right = store.trajectory(run_id, example["trial_id"])
+        if left is None or right is None:
+            continue
+        heading = (f"Arm {arm}, {name}: {top['kind']} {top['tool']} ({top['count']}x), case {example['case_id']}")
+        views.append((heading, f"{arm} modal baseline", left, f"{arm} {example['variant_id']}", right))
+    return views
 
 
 # ---- two trajectories side by side -----------------------------------------------------
@@ -233,18 +266,24 @@ def side_by_side(left: dict[str, Any], right: dict[str, Any]) -> list[tuple[str,
     """Aligned rows (mark, left step, right step); mark is "" for the same step, else the kind."""
     a, b = _tool_steps(left), _tool_steps(right)
 
-    def same(x: dict[str, Any], y: dict[str, Any]) -> bool:
-        return bool(x["name"] == y["name"] and bool(x.get("error")) == bool(y.get("error")))
+    def score(x: dict[str, Any], y: dict[str, Any]) -> int:
+        # The same tool scores +2, or +1 when it failed on one side only; another tool -1.
+        if x["name"] != y["name"]:
+            return -1
+        return 2 if bool(x.get("error")) == bool(y.get("error")) else 1
 
     rows: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]] = []
-    for op in align(a, b, same):
+    for op in align(a, b, score_pair=score):
         x = a[op.expected] if op.expected is not None else None
         y = b[op.got] if op.got is not None else None
         mark: str = op.kind
         if op.kind == "match":
             assert x is not None and y is not None
-            mark = "" if json.dumps(x.get("args"), sort_keys=True, default=str) == json.dumps(
-                y.get("args"), sort_keys=True, default=str) else "argument"
+            if bool(x.get("error")) != bool(y.get("error")):
+                mark = "failed" if y.get("error") else "succeeded"
+            else:
+                mark = "" if json.dumps(x.get("args"), sort_keys=True, default=str) == json.dumps(
+                    y.get("args"), sort_keys=True, default=str) else "argument"
         rows.append((mark, x, y))
     return rows
 
@@ -260,13 +299,17 @@ def render_text(title_left: str, title_right: str, left: dict[str, Any], right: 
     return "\n".join(out)
 
 
-def render_show_html(title_left: str, title_right: str, left: dict[str, Any], right: dict[str, Any]) -> str:
+def _aligned_table(title_left: str, left: dict[str, Any], title_right: str, right: dict[str, Any]) -> str:
     e = html.escape
-    rows = side_by_side(left, right)
     body = "".join(
         f"<tr class='{'diff' if mark else ''}'><td>{e(_label(x))}</td><td class='muted'>{e(mark)}</td>"
-        f"<td>{e(_label(y))}</td></tr>" for mark, x, y in rows)
+        f"<td>{e(_label(y))}</td></tr>" for mark, x, y in side_by_side(left, right))
+    return (f"<table><tr><th>{e(title_left)}</th><th></th><th>{e(title_right)}</th></tr>{body}"
+            f"<tr><th>{e(str(left.get('status')))}</th><th></th><th>{e(str(right.get('status')))}</th></tr></table>")
+
+
+def render_show_html(title_left: str, title_right: str, left: dict[str, Any], right: dict[str, Any]) -> str:
+    e = html.escape
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title_left)} vs {e(title_right)}</title>"
-            f"<style>{_CSS}</style></head><body><h1>Two trajectories, aligned</h1><table><tr><th>{e(title_left)}</th>"
-            f"<th></th><th>{e(title_right)}</th></tr>{body}<tr><th>{e(str(left.get('status')))}</th><th></th>"
-            f"<th>{e(str(right.get('status')))}</th></tr></table></body></html>")
+            f"<style>{_CSS}</style></head><body><h1>Two trajectories, aligned</h1>"
+            f"{_aligned_table(title_left, left, title_right, right)}</body></html>")

@@ -63,13 +63,14 @@ def _progress(quiet: bool) -> Any:
     return tick
 
 
-def _write(report: dict[str, Any], json_out: str | None, html_out: str | None, junit_out: str | None) -> None:
+def _write(report: dict[str, Any], json_out: str | None, html_out: str | None, junit_out: str | None,
+           store: Any = None) -> None:
     from otel_plumb.campaign import reports
 
     if json_out:
         reports.write_json(report, json_out)
     if html_out:
-        reports.write_html(report, html_out)
+        reports.write_html(report, html_out, reports.divergence_views(store, report) if store is not None else None)
     if junit_out:
         reports.write_junit(report, junit_out)
 
@@ -169,7 +170,7 @@ def run(campaign_file: str, arms: tuple[str, ...], store_path: str | None, json_
     if not quiet:
         click.echo("", err=True)
     report = build_report(store, store.run(outcome.run_id))
-    _write(report, json_out, html_out, junit_out)
+    _write(report, json_out, html_out, junit_out, store)
     _summary(report)
     _gate_exit(report)
 
@@ -187,7 +188,7 @@ def report(run_ref: str, store_path: str | None, json_out: str | None, html_out:
 
     store = _store(store_path)
     rep = build_report(store, _run_info(store, run_ref))
-    _write(rep, json_out, html_out, junit_out)
+    _write(rep, json_out, html_out, junit_out, store)
     _summary(rep)
 
 
@@ -305,7 +306,7 @@ def replay(run_ref: str, failing: bool, store_path: str | None, json_out: str | 
             verdict = "reproduced" if was and now else ("new failure" if now else "did not reproduce")
             click.echo(f"  {v.variant_id:<40} failing trials {was} -> {now}  {verdict}")
     rep = build_report(store, store.run(new_id))
-    _write(rep, json_out, html_out, None)
+    _write(rep, json_out, html_out, None, store)
 
 
 @campaign.command()
