@@ -393,3 +393,21 @@ def test_paraphrase_plugins_come_from_an_entry_point_group(tmp_path, monkeypatch
     assert variant.steps[0]["text"].startswith("Please pay invoice INV-7001")
     assert variant.steps[0]["source"] == "plugin:shouty" and discards == []
     assert seen["n"] == 3 and seen["options"] == {"style": "polite"} and isinstance(seen["seed"], int)
+
+
+def test_paraphrase_choice_is_pinned_for_a_fixed_seed(tmp_path):
+    texts = [f"Kindly pay invoice INV-7001 for £4,500.00, version {n}." for n in range(5)]
+    (tmp_path / "para.jsonl").write_text(json.dumps({"id": "INV-7001", "paraphrases": texts}) + "\n")
+    body = ("perturbations:\n  paraphrase: {source: {provider: file, path: para.jsonl}, samples: 2,"
+            " guard: {provider: none}}\n")
+    campaign = load_campaign(write_campaign(tmp_path, body))
+    from otel_plumb.campaign.engine import CampaignRun
+    from otel_plumb.campaign.store import Store
+
+    def chosen(seed):
+        campaign.spec.seed = seed
+        variants, _ = CampaignRun(campaign, Store(tmp_path / f"s{seed}.db")).generate()
+        return [v.steps[0]["text"][-11:] for v in variants]
+
+    assert chosen(42) == [" version 3.", " version 0."] == chosen(42)
+    assert chosen(7) != chosen(42)
