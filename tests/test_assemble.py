@@ -94,6 +94,7 @@ def test_session_grouping_joins_traces():
     (done,) = asm.due(10.0)
     t = done.trajectory()
     assert t.key == "s" and t.trace_ids == ["t1", "t2"]
+    assert t.complete and t.root_span_id == "a"  # each trace has its own root
 
 
 def test_tool_spans_without_call_ids_are_matched_by_name_in_order():

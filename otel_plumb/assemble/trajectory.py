@@ -22,13 +22,19 @@ def build_trajectory(
     # always precedes its child, then by end time and id for a stable order.
     spans.sort(key=lambda s: (s.start_ns, depth[s.span_id], s.end_ns, s.span_id))
 
-    tops = [s for s in spans if s.parent_span_id is None or s.parent_span_id not in by_id]
     problems = [p for s in spans for p in s.problems]
-    root = _root(tops)
-    if root is None and complete:
+    # Each trace needs its own root (a session joins several traces, each with one).
+    tops_by_trace: dict[str, list[NormalisedSpan]] = {}
+    for s in spans:
+        if s.parent_span_id is None or s.parent_span_id not in by_id:
+            tops_by_trace.setdefault(s.trace_id, []).append(s)
+    roots = [_root(tops) for tops in tops_by_trace.values()]
+    root = roots[0] if roots else None
+    if complete and (not roots or any(r is None for r in roots)):
         complete, incomplete_reason = False, "no_root"
-    if root is not None and root.parent_span_id is not None:
-        problems.append(f"root span {root.span_id} has a parent {root.parent_span_id} not in the trace")
+    for r in roots:
+        if r is not None and r.parent_span_id is not None:
+            problems.append(f"root span {r.span_id} has a parent {r.parent_span_id} not in the trace")
 
     drafts: list[tuple[tuple[int, int, int, str], Step]] = []
     tool_steps_by_call_id: dict[str, Step] = {}

@@ -369,7 +369,7 @@ class Processor:
             self.trajectories_decided += 1
             # The record is built only when someone reads it (it costs as much as a check).
             # (VerdictHub has no public "anyone listening?": its subscriber set is read directly.)
-            if self._verdict_log is not None or self._callbacks or self.hub._subscribers:
+            if self._verdict_log is not None or self._callbacks or self.hub.has_subscribers:
                 record = trajectory_record(trajectory, verdicts, names)
                 record["decision"] = "final"
                 if self._verdict_log is not None:

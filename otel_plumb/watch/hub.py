@@ -45,6 +45,10 @@ class VerdictHub:
     def __init__(self) -> None:
         self._subscribers: set[Subscription] = set()
 
+    @property
+    def has_subscribers(self) -> bool:
+        return bool(self._subscribers)
+
     def subscribe(self, accept: Callable[[Record], bool] = lambda _r: True, maxsize: int = 10_000) -> Subscription:
         sub = Subscription(self, accept, maxsize)
         self._subscribers.add(sub)
