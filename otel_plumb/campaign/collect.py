@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 from otel_plumb.assemble import Assembler, AssemblyLimits, build_trajectory
 from otel_plumb.model import Step, Trajectory
 from otel_plumb.model.trajectory import ARM, CASE_ID, TRIAL_ID, VARIANT_ID
 from otel_plumb.normalise import normalise
+
+log = logging.getLogger("otel_plumb.campaign")
 
 
 class TraceMissing(Exception):
@@ -155,6 +158,7 @@ class FileSource(TraceSource):
         for item in read_files(self.paths):
             if isinstance(item, ReadError):
                 self.read_errors.append(str(item))
+                log.warning("unreadable trace data: %s", item)
                 continue
             assembler.add(normalise(item), None, 0.0)
         for done in assembler.drain(0.0):
@@ -200,6 +204,14 @@ class WatchSource(TraceSource):
                     self.error = f"watch {self.target}: {e.code().name} {e.details()}"
 
         self._task = asyncio.create_task(follow())
+
+    async def trajectory(self, trace_id: str, trial_id: str, deadline_s: float) -> Trajectory:
+        try:
+            return await self.matcher.wait(trace_id, trial_id, deadline_s)
+        except TraceMissing as e:
+            if self.error is not None:  # the stream broke: say so on every trial it costs
+                raise TraceMissing(f"{e}; {self.error}") from None
+            raise
 
     async def stop(self) -> None:
         if self._task is not None:
