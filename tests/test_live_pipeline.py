@@ -65,6 +65,10 @@ async def test_every_span_arrives_once_unchanged_apart_from_annotations(tmp_path
         assert len(sent) == 2 * 84
         await wait_until(lambda: len(records) == 2 * len(INVOICES), 10, "all trajectories decided")
         await wait_until(lambda: backend.span_count >= len(sent), 10, "all spans downstream")
+        exporter = processor.exporter
+        assert exporter is not None
+        # The backend holds the spans before the exporter has handled its acknowledgement.
+        await wait_until(lambda: exporter.queued_spans == 0, 10, "acknowledgements")
         text = await asyncio.to_thread(scrape, processor.metrics_port)
         openmetrics = await asyncio.to_thread(scrape, processor.metrics_port, "application/openmetrics-text")
     finally:
