@@ -3,7 +3,7 @@ the short attributes kept for checks, and setting arguments/results from raw val
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from otel_plumb.model.span import STATUS_ERROR, SpanRecord
@@ -79,34 +79,49 @@ _TOKEN_PAIRS = (
 _TOTAL_TOKEN_KEYS = ("gen_ai.usage.total_tokens", "llm.token_count.total", "llm.usage.total_tokens")
 
 
-def base(span: SpanRecord) -> NormalisedSpan:
+class Shape:
+    """What the shared fields need from a span's attribute keys, worked out once per key set:
+    the session and token keys present, and how each kept attribute is kept."""
+
+    __slots__ = ("kept", "session_keys", "token_pairs", "total_keys")
+
+    def __init__(self, keys: tuple[str, ...]) -> None:
+        present = set(keys)
+        self.session_keys = tuple(k for k in SESSION_KEYS if k in present)
+        self.token_pairs = tuple(p for p in _TOKEN_PAIRS if p[0] in present or p[1] in present)
+        self.total_keys = tuple(k for k in _TOTAL_TOKEN_KEYS if k in present)
+        self.kept = tuple((k, rule) for k in keys if (rule := _rule(k, resource=False)) != _DROP)
+
+
+def base(span: SpanRecord, shape: Shape) -> NormalisedSpan:
+    name = span.name
     return NormalisedSpan(
-        trace_id=span.trace_id,
-        span_id=span.span_id,
-        parent_span_id=span.parent_span_id,
-        span_name=span.name,
-        start_ns=span.start_ns,
-        end_ns=span.end_ns,
-        kind="other",
-        name=span.name,
-        convention="unknown",
-        attributes=short_attributes(span),
+        span.trace_id,
+        span.span_id,
+        span.parent_span_id,
+        name,
+        span.start_ns,
+        span.end_ns,
+        "other",
+        name,
+        "unknown",
+        attributes=short_attributes(span, shape),
     )
 
 
-def finish(span: SpanRecord, out: NormalisedSpan) -> None:
+def finish(span: SpanRecord, out: NormalisedSpan, shape: Shape) -> None:
     """Fields read the same way whatever the convention: errors, session, tokens."""
     a = span.attributes
     if out.error is None:
         out.error = error_of(span)
     if out.session_id is None:
-        for key in SESSION_KEYS:
+        for key in shape.session_keys:
             value = a.get(key)
             if value is not None and value != "":
                 out.session_id = str(value)
                 break
     if out.kind == "llm" and out.tokens is None:
-        out.tokens = tokens_of(a)
+        out.tokens = tokens_of(a, shape.token_pairs, shape.total_keys)
 
 
 def error_of(span: SpanRecord) -> str | None:
@@ -134,12 +149,17 @@ def error_line(message: str) -> str:
     return line if len(line) <= _MAX_ERROR_CHARS else line[: _MAX_ERROR_CHARS - 1] + "…"
 
 
-def tokens_of(a: Mapping[str, Any]) -> int | None:
-    for kin, kout in _TOKEN_PAIRS:
+def tokens_of(
+    a: Mapping[str, Any],
+    pairs: tuple[tuple[str, str], ...] = _TOKEN_PAIRS,
+    total_keys: tuple[str, ...] = _TOTAL_TOKEN_KEYS,
+) -> int | None:
+    """Input + output tokens, or a total; ``pairs`` and ``total_keys`` narrow the keys tried."""
+    for kin, kout in pairs:
         tin, tout = as_int(a.get(kin)), as_int(a.get(kout))
         if tin is not None or tout is not None:
             return (tin or 0) + (tout or 0)
-    for key in _TOTAL_TOKEN_KEYS:
+    for key in total_keys:
         total = as_int(a.get(key))
         if total is not None:
             return total
@@ -173,23 +193,23 @@ def as_str(value: Any) -> str | None:
 _resource_cache: tuple[Mapping[str, Any] | None, dict[str, Any]] = (None, {})
 
 
-def short_attributes(span: SpanRecord) -> dict[str, Any]:
+def short_attributes(span: SpanRecord, shape: Shape) -> dict[str, Any]:
+    """Short scalars, the reserved ``plumb.*`` attributes whatever they hold, and for span
+    attributes only keys outside the conventions' own namespaces."""
     global _resource_cache
     resource = span.resource
     cached_resource, kept = _resource_cache
     if resource is not cached_resource:
-        kept = _short(resource, resource=True)
+        kept = {}
+        _keep_into(kept, resource, [(k, _rule(k, resource=True)) for k in resource])
         _resource_cache = (resource, kept)
     out = dict(kept)
-    out.update(_short(span.attributes, resource=False))
+    _keep_into(out, span.attributes, shape.kept)
     return out
 
 
-# Per attribute key: how it is kept. Keys repeat across spans; the cache is dropped when it
-# grows past a bound so odd key spaces cannot grow it forever.
+# How an attribute is kept, by key (see _rule).
 _DROP, _IF_SHORT, _ALWAYS = 0, 1, 2
-_key_rule: dict[tuple[str, bool], int] = {}
-_KEY_CACHE_MAX = 50_000
 
 
 def _rule(key: str, resource: bool) -> int:
@@ -200,17 +220,11 @@ def _rule(key: str, resource: bool) -> int:
     return _DROP
 
 
-def _short(attrs: Mapping[str, Any], *, resource: bool) -> dict[str, Any]:
-    """Short scalars, the reserved ``plumb.*`` attributes whatever they hold, and for span
-    attributes only keys outside the conventions' own namespaces."""
-    out: dict[str, Any] = {}
-    rules = _key_rule
-    for k, v in attrs.items():
-        rule = rules.get((k, resource))
-        if rule is None:
-            if len(rules) >= _KEY_CACHE_MAX:
-                rules.clear()
-            rule = rules[(k, resource)] = _rule(k, resource)
+def _keep_into(out: dict[str, Any], attrs: Mapping[str, Any], rules: Iterable[tuple[str, int]]) -> None:
+    for k, rule in rules:
+        if rule == _DROP:
+            continue
+        v = attrs[k]
         if rule == _IF_SHORT:
             t = type(v)
             if t is str:
@@ -218,10 +232,7 @@ def _short(attrs: Mapping[str, Any], *, resource: bool) -> dict[str, Any]:
                     continue
             elif t is not int and t is not float and t is not bool:
                 continue
-        elif rule == _DROP:
-            continue
         out[k] = v
-    return out
 
 
 def set_args(out: NormalisedSpan, raw: Any, source: str) -> bool:

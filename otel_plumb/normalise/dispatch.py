@@ -8,10 +8,12 @@ kept as kind ``other`` with convention ``unknown``.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan
 from otel_plumb.normalise import frameworks, genai, observability, openinference, pydantic_ai, traceloop, vercel
-from otel_plumb.normalise.common import Reader, base, finish
+from otel_plumb.normalise.common import Reader, Shape, base, finish
 
 # Frameworks whose spans look like OTel GenAI but carry their payloads elsewhere.
 BY_SCOPE: dict[str, Reader] = {
@@ -47,20 +49,39 @@ BY_SPAN_NAME: dict[str, Reader] = {"running tool": pydantic_ai.read, "agent run"
 
 
 def reader_for(span: SpanRecord) -> Reader | None:
-    reader = BY_SCOPE.get(span.scope_name)
+    reader = _scope_or_marker_reader(span.scope_name, span.attributes)
+    return reader if reader is not None else BY_SPAN_NAME.get(span.name)
+
+
+def _scope_or_marker_reader(scope_name: str, a: Collection[str]) -> Reader | None:
+    reader = BY_SCOPE.get(scope_name)
     if reader is not None:
         return reader
-    a = span.attributes
     for key, marker_reader in MARKERS:
         if key in a:
             return marker_reader
-    return BY_SPAN_NAME.get(span.name)
+    return None
+
+
+# Spans of one instrumentation repeat the same scope and attribute keys: what dispatch and the
+# shared fields need from those keys is worked out once per (scope, keys) and reused. Bounded,
+# so odd key spaces (flattened message lists) cannot grow it forever.
+_shapes: dict[tuple[str, tuple[str, ...]], tuple[Reader | None, Shape]] = {}
+_SHAPES_MAX = 10_000
 
 
 def normalise(span: SpanRecord) -> NormalisedSpan:
-    out = base(span)
-    reader = reader_for(span)
+    cache_key = (span.scope_name, tuple(span.attributes))
+    cached = _shapes.get(cache_key)
+    if cached is None:
+        if len(_shapes) >= _SHAPES_MAX:
+            _shapes.clear()
+        cached = _shapes[cache_key] = (_scope_or_marker_reader(*cache_key), Shape(cache_key[1]))
+    reader, shape = cached
+    out = base(span, shape)
+    if reader is None:
+        reader = BY_SPAN_NAME.get(span.name)
     if reader is not None:
         reader(span, out)
-    finish(span, out)
+    finish(span, out, shape)
     return out
