@@ -36,7 +36,9 @@ def build_trajectory(
         if r is not None and r.parent_span_id is not None:
             problems.append(f"root span {r.span_id} has a parent {r.parent_span_id} not in the trace")
 
-    drafts: list[tuple[tuple[int, int, int, str], Step]] = []
+    # Span steps come in span order; steps for requested calls are merged in by their own key.
+    steps: list[Step] = []
+    requested: list[tuple[tuple[int, int, int, str], Step]] = []
     tool_steps_by_call_id: dict[str, Step] = {}
     tool_steps: list[Step] = []
     results_by_call_id: dict[str, object] = {}
@@ -44,7 +46,7 @@ def build_trajectory(
         results_by_call_id.update(s.tool_results)
     for s in spans:
         step = _span_step(s)
-        drafts.append(((s.start_ns, depth[s.span_id], s.end_ns, s.span_id), step))
+        steps.append(step)
         if step.kind == "tool":
             tool_steps.append(step)
             if step.tool_call_id:
@@ -72,10 +74,13 @@ def build_trajectory(
                 problems.append(f"tool call {call.name!r} requested in span {s.span_id} has no tool span")
                 continue
             step = _requested_step(s, call, results_by_call_id)
-            drafts.append(((s.end_ns, depth[s.span_id] + 1, n, s.span_id), step))
+            requested.append(((s.end_ns, depth[s.span_id] + 1, n, s.span_id), step))
 
-    drafts.sort(key=lambda d: d[0])
-    steps = [step for _, step in drafts]
+    if requested:
+        drafts = [((s.start_ns, depth[s.span_id], s.end_ns, s.span_id), st) for s, st in zip(spans, steps, strict=True)]
+        drafts.extend(requested)
+        drafts.sort(key=lambda d: d[0])
+        steps = [step for _, step in drafts]
     _merge_nested_model_calls(steps)
     _assign_agents(steps, by_id)
     for i, step in enumerate(steps):
@@ -134,25 +139,27 @@ def _root(tops: list[NormalisedSpan]) -> NormalisedSpan | None:
 
 
 def _span_step(s: NormalisedSpan) -> Step:
+    # Positional (in Step's field order): this runs once per span.
     return Step(
-        index=0,
-        kind=s.kind,
-        name=s.name,
-        span_id=s.span_id,
-        parent_span_id=s.parent_span_id,
-        trace_id=s.trace_id,
-        start_ns=s.start_ns,
-        end_ns=s.end_ns,
-        convention=s.convention,
-        args=s.args,
-        args_status=s.args_status,
-        args_source=s.args_source,
-        result=s.result,
-        result_status=s.result_status,
-        error=s.error,
-        agent=s.agent,
-        tool_call_id=s.tool_call_id,
-        tokens=s.tokens,
+        0,
+        s.kind,
+        s.name,
+        s.span_id,
+        s.parent_span_id,
+        s.trace_id,
+        s.start_ns,
+        s.end_ns,
+        s.convention,
+        "span",
+        s.args,
+        s.args_status,
+        s.args_source,
+        s.result,
+        s.result_status,
+        s.error,
+        s.agent,
+        s.tool_call_id,
+        s.tokens,
     )
 
 
