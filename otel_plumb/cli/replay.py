@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from otel_plumb.cli.main import RunError
+from otel_plumb.cli.policy import load_policies_or_fail, print_verdicts, write_reports
 from otel_plumb.model import Step, Trajectory
 from otel_plumb.replay import GroupBy, ReplayResult, ReplayStats, iter_trajectories
 from otel_plumb.replay import replay as run_replay
@@ -104,18 +105,35 @@ _group_by = click.option(
 
 @click.command()
 @_files
+@click.option("--policy", "policy_paths", multiple=True, metavar="P", help="Check the trajectories against policy P "
+              "(repeatable). Exit 1 when an invariant fails.")  # fmt: skip
 @_json
+@click.option("--html", "html_out", metavar="OUT", help="Write a self-contained HTML report to OUT.")
+@click.option("--junit", "junit_out", metavar="OUT", help="Write JUnit XML (a test case per trajectory and invariant).")
 @_group_by
-def replay(files: tuple[str, ...], json_out: str | None, group_by: GroupBy) -> None:
-    """Read trace files (OTLP JSON/protobuf, Jaeger JSON, .gz/.zst) into trajectories and report them."""
+def replay(
+    files: tuple[str, ...],
+    policy_paths: tuple[str, ...],
+    json_out: str | None,
+    html_out: str | None,
+    junit_out: str | None,
+    group_by: GroupBy,
+) -> None:
+    """Read trace files (OTLP JSON/protobuf, Jaeger JSON, .gz/.zst) into trajectories, check them, report them."""
+    policies = load_policies_or_fail(policy_paths)  # a bad policy stops the run before anything is read
     check_inputs(files)
     result = run_replay(files, group_by=group_by)
     check_something_read(result.stats)
-    report = build_report(result)
+    tasks = [p.task_attribute for p in policies if p.task_attribute]
+    report = build_report(result, partial(json_report.report_body, policies), tasks)
     if json_out:
         write_json(json_out, report)
+    write_reports(report, html_out, junit_out)
     if json_out != "-":
         print_summary(result, report)
+        print_verdicts(report)
+    if report["summary"]["violating"]:
+        raise SystemExit(1)
 
 
 @click.command()
