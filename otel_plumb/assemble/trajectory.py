@@ -89,7 +89,10 @@ def build_trajectory(
     attributes: dict[str, object] = {}
     ordered = ([root] if root is not None else []) + [s for s in spans if s is not root]
     for s in ordered:
-        for k, v in s.attributes.items():
+        a = s.attributes
+        if a.keys() <= attributes.keys():
+            continue  # the usual case (resource attributes repeated on every span): nothing new
+        for k, v in a.items():
             attributes.setdefault(k, v)
     trace_ids = list(dict.fromkeys(s.trace_id for s in spans))
     agent_steps = [st for st in steps if st.kind == "agent"]

@@ -254,6 +254,7 @@ class Processor:
         unchecked: list[Payload] = []
         touched: dict[str, bool] = {}
         finished: list[Finished] = []
+        early_checks = self._early_checks
         for rs in request.resource_spans:
             resource = attributes(rs.resource.attributes)
             for ss in rs.scope_spans:
@@ -266,8 +267,6 @@ class Processor:
                     if skip_traces and span.trace_id in skip_traces:
                         continue
                     accepted += 1
-                    if journal_id:
-                        self._journal_pending[journal_id] = self._journal_pending.get(journal_id, 0) + 1
                     try:
                         normalised = normalise(span_record(span, resource, scope_name))
                     except Exception:  # a span nobody can read is still forwarded, never lost
@@ -283,16 +282,19 @@ class Processor:
                         self._last_arrival[tid] = now
                         if normalised.parent_span_id is None:
                             self._rooted.add(tid)
-                        touched[tid] = touched.get(tid, False) or normalised.kind != "other"
+                        if early_checks:
+                            touched[tid] = touched.get(tid, False) or normalised.kind != "other"
                     else:
                         self.metrics.spans_unchecked.labels(outcome.value).inc()
                         (late if outcome is AddOutcome.LATE else unchecked).append(payload)
+        if journal_id and accepted:  # counted per request, not per span
+            self._journal_pending[journal_id] = self._journal_pending.get(journal_id, 0) + accepted
         if accepted:
             self.metrics.spans_received.labels(receiver).inc(accepted)
         if rejected:
             self.metrics.spans_dropped.labels("malformed").inc(rejected)
         self.metrics.traces_in_flight.set(self.assembler.traces_in_flight)
-        if self._early_checks:
+        if early_checks:
             for tid, has_steps in touched.items():
                 # Once the root span (which ends last) is in, the full verdict is one idle_timeout
                 # away: early checks are for trajectories still running.
