@@ -295,6 +295,8 @@ def test_gate_checks_the_certificate_and_violations_by_severity():
     assert any("no trajectory" in f for f in campaign_gate_failures(report, 0.5, None, None))
     with pytest.raises(ValueError):
         campaign_gate_failures(report, None, None, "severe")
+    empty = {"campaign_report_version": "1", "arms": {}, "trials": []}
+    assert campaign_gate_failures(empty, 0.9, None, None) == ["the report has no arms: nothing was measured"]
 
 
 # ---- OpenAI-compatible paraphraser and judge ----------------------------------------------------

@@ -23,7 +23,10 @@ def campaign_gate_failures(report: dict[str, Any], min_bound: float | None, max_
     floor = min_bound if min_bound is not None else gates.get("min_certified_bound")
     cap = max_violations if max_violations is not None else gates.get("max_violations")
     failures: list[str] = []
-    for arm, data in (report.get("arms") or {}).items():
+    arms = report.get("arms") or {}
+    if not arms and (floor is not None or cap is not None):
+        failures.append("the report has no arms: nothing was measured")
+    for arm, data in arms.items():
         cert = data.get("certificate") or {}
         if floor is None:
             continue
