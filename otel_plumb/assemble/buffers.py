@@ -137,16 +137,23 @@ class Assembler:
         """Traces whose root has ended and that were idle for idle_timeout, and traces past max_wait."""
         out: list[Finished] = []
         idle = self.limits.idle_timeout_s
-        for tid in list(self._by_activity):
+        # Both orders put the traces due first: walk them up to the first that is not, and
+        # finish after walking (no copy of every buffered trace's id per call).
+        ready: list[_TraceBuffer] = []
+        for tid in self._by_activity:
             buf = self._traces[tid]
             if now - buf.last_seen < idle:
                 break
             if buf.has_root or buf.single_tree():
-                out.extend(self._finish(tid, now, complete=not buf.over_limit, reason="span_limit"))
-        for tid in list(self._traces):
-            buf = self._traces[tid]
+                ready.append(buf)
+        for buf in ready:
+            out.extend(self._finish(buf.trace_id, now, complete=not buf.over_limit, reason="span_limit"))
+        expired: list[str] = []
+        for tid, buf in self._traces.items():
             if now - buf.first_seen < self.limits.max_wait_s:
                 break
+            expired.append(tid)
+        for tid in expired:
             out.extend(self._finish(tid, now, complete=False, reason="max_wait"))
         out.extend(self._due_sessions(now))
         return out
