@@ -358,20 +358,6 @@ class Regression(RegressionGates):
 # --- production and policy -------------------------------------------------------------------
 
 
-class ProductionGates(_Configured):
-    min_accuracy: Probability | None = None
-    max_error_rate: Probability | None = None
-    max_ece: Probability | None = None
-    max_brier: BrierValue | None = None
-    max_nll: NonNegative | None = None
-    min_threshold_coverage: Probability | None = None
-    max_abstention_rate: Probability | None = None
-    max_fallback_rate: Probability | None = None
-    max_confidence_tv_distance: Probability | None = None
-    max_accuracy_drop: Probability | None = None
-    max_ece_increase: Probability | None = None
-
-
 class SegmentGates(_Configured):
     min_accuracy: Probability | None = None
     max_error_rate: Probability | None = None
@@ -381,6 +367,14 @@ class SegmentGates(_Configured):
     min_threshold_coverage: Probability | None = None
     max_abstention_rate: Probability | None = None
     max_fallback_rate: Probability | None = None
+
+
+class ProductionGates(SegmentGates):
+    """The segment gates plus drift against a baseline, which only whole traffic has."""
+
+    max_confidence_tv_distance: Probability | None = None
+    max_accuracy_drop: Probability | None = None
+    max_ece_increase: Probability | None = None
 
 
 class Production(Strict):

@@ -207,16 +207,7 @@ def compute_production_metrics(records: Sequence[ProductionRecord], evaluation: 
             "brier": cm.brier(outcomes, [r.probabilities for r in with_outcome]),
             "nll": cm.nll(outcomes, [r.probabilities for r in with_outcome]),
             "bins": evaluation.calibration_bins,
-            "reliability": [
-                {
-                    "lower": b.lower,
-                    "upper": b.upper,
-                    "count": b.count,
-                    "mean_confidence": b.mean_confidence,
-                    "accuracy": b.accuracy,
-                }
-                for b in bins
-            ],
+            "reliability": [b.as_dict() for b in bins],
         },
         "confidence": {
             "n": len(confidences),

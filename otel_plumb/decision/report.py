@@ -141,16 +141,7 @@ def compute_metrics(spec: DecisionSpec, records: Sequence[Record], evaluation: E
             "brier": cm.brier(expected, probabilities),
             "nll": cm.nll(expected, probabilities),
             "bins": evaluation.calibration_bins,
-            "reliability": [
-                {
-                    "lower": b.lower,
-                    "upper": b.upper,
-                    "count": b.count,
-                    "mean_confidence": b.mean_confidence,
-                    "accuracy": b.accuracy,
-                }
-                for b in bins
-            ],
+            "reliability": [b.as_dict() for b in bins],
         },
         "selective": selective,
         "latency": {

@@ -87,6 +87,15 @@ class CalibrationBin:
     mean_confidence: float | None
     accuracy: float | None
 
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {
+            "lower": self.lower,
+            "upper": self.upper,
+            "count": self.count,
+            "mean_confidence": self.mean_confidence,
+            "accuracy": self.accuracy,
+        }
+
 
 def reliability_bins(confidences: Sequence[float], correct: Sequence[bool], n_bins: int) -> list[CalibrationBin]:
     edges = [(i + 1) / n_bins for i in range(n_bins)]
