@@ -6,6 +6,7 @@ Every error names the file, the line and what is wrong, before anything runs.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -290,10 +291,9 @@ class Case:
         self.line = line
 
 
-def load_dataset(path: Path) -> list[Case]:
-    """JSONL rows ``{"id", "input", "context"}``; a bad row is an error with its line."""
-    cases: list[Case] = []
-    seen: set[str] = set()
+def jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, decoded row) for each non-blank line; unreadable files and bad JSON are
+    CampaignErrors naming the line."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
@@ -302,9 +302,16 @@ def load_dataset(path: Path) -> list[Case]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            yield n, json.loads(line)
         except json.JSONDecodeError as e:
             raise CampaignError(path, n, f"invalid JSON: {e.msg}") from None
+
+
+def load_dataset(path: Path) -> list[Case]:
+    """JSONL rows ``{"id", "input", "context"}``; a bad row is an error with its line."""
+    cases: list[Case] = []
+    seen: set[str] = set()
+    for n, row in jsonl_rows(path):
         if not isinstance(row, dict) or not isinstance(row.get("id"), (str, int)) or not isinstance(
             row.get("input"), str
         ):

@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from otel_plumb.campaign.config import CampaignError, Case, Guard, LoadedCampaign, Paraphrase
+from otel_plumb.campaign.config import CampaignError, Case, Guard, LoadedCampaign, Paraphrase, jsonl_rows
 from otel_plumb.campaign.perturb import GuardFn, Paraphraser, Stream
 
 ENTRY_POINT_GROUP = "otel_plumb.paraphrase"
@@ -27,17 +27,7 @@ def load_paraphrase_file(path: Path) -> tuple[dict[str, list[str]], dict[str, li
     """Rows ``{"id": case id, "paraphrases": [...]}`` or ``{"input": text, "paraphrases": [...]}``."""
     by_id: dict[str, list[str]] = {}
     by_input: dict[str, list[str]] = {}
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise CampaignError(path, None, f"cannot read: {e.strerror or e}") from e
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise CampaignError(path, n, f"invalid JSON: {e.msg}") from None
+    for n, row in jsonl_rows(path):
         texts = row.get("paraphrases") if isinstance(row, dict) else None
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             raise CampaignError(path, n, 'a row is {"id": ..., "paraphrases": ["...", ...]}')
