@@ -18,7 +18,7 @@ from test_live_backpressure import trace_request
 from test_live_support import config, free_port, wait_until
 
 from otel_plumb.processor import Processor
-from otel_plumb.processor.sink import Throttled
+from otel_plumb.receive.sink import Throttled
 
 
 async def test_http_export_retries_after_503_and_delivers_once(tmp_path: Path) -> None:

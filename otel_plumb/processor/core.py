@@ -33,9 +33,9 @@ from otel_plumb.export.verdict_log import VerdictLog
 from otel_plumb.model import Trajectory, Verdict, trajectory_status
 from otel_plumb.normalise import normalise
 from otel_plumb.processor.config import ProcessorConfig, parse_hostport
-from otel_plumb.processor.sink import IngestResult, Throttled
 from otel_plumb.receive import grpc_server, http_server
 from otel_plumb.receive.otlp import attributes, span_record
+from otel_plumb.receive.sink import IngestResult, Throttled
 from otel_plumb.report.records import trajectory_record
 from otel_plumb.watch import VerdictHub
 

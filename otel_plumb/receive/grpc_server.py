@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from otel_plumb.processor.sink import SpanSink, Throttled
+from otel_plumb.receive.sink import SpanSink, Throttled
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 

@@ -19,8 +19,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from otel_plumb.processor.sink import SpanSink, Throttled
 from otel_plumb.receive.otlp_json import parse_request
+from otel_plumb.receive.sink import SpanSink, Throttled
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
