@@ -151,7 +151,9 @@ def _results(node: Any, out: dict[str, Any], depth: int) -> None:
         return
     found = _as_result(node)
     if found is not None:
-        out[found[0]] = found[1]
+        # A result message whose content was not captured (content capture off) is no result.
+        if found[1] is not _NOT_CAPTURED:
+            out[found[0]] = found[1]
         return
     for key in _CONTAINER_KEYS:
         child = node.get(key)
@@ -179,9 +181,12 @@ def _as_result(node: dict[str, Any]) -> tuple[str, Any] | None:
     return None
 
 
+_NOT_CAPTURED = object()
+
+
 def _decoded(raw: Any) -> Any:
     d = decode(raw)
-    return d.value if d.status == "captured" else None
+    return d.value if d.status == "captured" else _NOT_CAPTURED
 
 
 def _str(value: Any) -> str | None:
