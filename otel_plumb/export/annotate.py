@@ -103,33 +103,71 @@ def annotate(
             event.attributes.extend(to_key_values(violation_event_attributes(v)))
 
 
-def build_requests(payloads: Iterable[Payload], max_spans: int) -> list[tuple[ExportTraceServiceRequest, int]]:
-    """Group spans back under their resource and scope; at most ``max_spans`` spans per request."""
-    out: list[tuple[ExportTraceServiceRequest, int]] = []
-    request = ExportTraceServiceRequest()
+def encode_requests(payloads: Iterable[Payload], max_spans: int) -> list[tuple[bytes, int]]:
+    """Serialised ``ExportTraceServiceRequest``s: spans grouped back under their resource and
+    scope, at most ``max_spans`` spans per request.
+
+    The request is written in protobuf wire format around each span's own serialisation, so spans
+    are serialised once and never copied into a new message (the bulk of the export cost)."""
+    out: list[tuple[bytes, int]] = []
+    groups: dict[int, tuple[ResourceSpans, dict[int, tuple[ScopeSpans, list[bytes]]]]] = {}
     count = 0
-    groups: dict[int, ResourceSpans] = {}
-    scopes: dict[tuple[int, int], ScopeSpans] = {}
     for span, origin, _, _ in payloads:
         if count >= max_spans:
-            out.append((request, count))
-            request, count, groups, scopes = ExportTraceServiceRequest(), 0, {}, {}
-        rs_key, ss_key = id(origin.resource_spans), id(origin.scope_spans)
-        rs = groups.get(rs_key)
-        if rs is None:
-            rs = groups[rs_key] = request.resource_spans.add()
-            rs.resource.CopyFrom(origin.resource_spans.resource)
-            rs.schema_url = origin.resource_spans.schema_url
-        ss = scopes.get((rs_key, ss_key))
-        if ss is None:
-            ss = scopes[(rs_key, ss_key)] = rs.scope_spans.add()
-            ss.scope.CopyFrom(origin.scope_spans.scope)
-            ss.schema_url = origin.scope_spans.schema_url
-        ss.spans.append(span)
+            out.append((_encode_request(groups), count))
+            groups, count = {}, 0
+        rs = origin.resource_spans
+        group = groups.get(id(rs))
+        if group is None:
+            group = groups[id(rs)] = (rs, {})
+        ss = origin.scope_spans
+        scope = group[1].get(id(ss))
+        if scope is None:
+            scope = group[1][id(ss)] = (ss, [])
+        scope[1].append(span.SerializeToString())
         count += 1
     if count:
-        out.append((request, count))
+        out.append((_encode_request(groups), count))
     return out
+
+
+def build_requests(payloads: Iterable[Payload], max_spans: int) -> list[tuple[ExportTraceServiceRequest, int]]:
+    """``encode_requests`` as messages."""
+    return [(ExportTraceServiceRequest.FromString(body), n) for body, n in encode_requests(payloads, max_spans)]
+
+
+# Field tags (field number << 3 | length-delimited): ExportTraceServiceRequest.resource_spans = 1;
+# ResourceSpans resource = 1, scope_spans = 2, schema_url = 3; ScopeSpans scope = 1, spans = 2, schema_url = 3.
+_TAG_1, _TAG_2, _TAG_3 = b"\x0a", b"\x12", b"\x1a"
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(tag: bytes, body: bytes) -> bytes:
+    return tag + _varint(len(body)) + body
+
+
+def _encode_request(groups: dict[int, tuple[ResourceSpans, dict[int, tuple[ScopeSpans, list[bytes]]]]]) -> bytes:
+    parts: list[bytes] = []
+    for rs, scopes in groups.values():
+        body = [_field(_TAG_1, rs.resource.SerializeToString())]
+        for ss, spans in scopes.values():
+            scope_body = [_field(_TAG_1, ss.scope.SerializeToString())]
+            scope_body.extend(_TAG_2 + _varint(len(span)) + span for span in spans)
+            if ss.schema_url:
+                scope_body.append(_field(_TAG_3, ss.schema_url.encode()))
+            body.append(_field(_TAG_2, b"".join(scope_body)))
+        if rs.schema_url:
+            body.append(_field(_TAG_3, rs.schema_url.encode()))
+        parts.append(_field(_TAG_1, b"".join(body)))
+    return b"".join(parts)
 
 
 def verdict_span_request(

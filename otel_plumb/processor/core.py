@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otel_plumb.assemble import AddOutcome, Assembler, AssemblyLimits, Finished, build_trajectory
 from otel_plumb.check import CompiledPolicy, load_policies
-from otel_plumb.export.annotate import Origin, Payload, annotate, build_requests, verdict_span_request
+from otel_plumb.export.annotate import Origin, Payload, annotate, encode_requests, verdict_span_request
 from otel_plumb.export.metrics import Metrics, metrics_app
 from otel_plumb.export.otlp import OtlpExporter
 from otel_plumb.export.verdict_log import VerdictLog
@@ -424,9 +424,7 @@ class Processor:
                 else:
                     del pending[journal_id]
                     released.append(journal_id)
-        requests = build_requests(payloads, self._batch_spans)
-        batches = [(request.SerializeToString(), count) for request, count in requests]
-        await self.exporter.submit(batches, sorted(done), released)
+        await self.exporter.submit(encode_requests(payloads, self._batch_spans), sorted(done), released)
 
     async def _replay_journal(self) -> None:
         """Requests acknowledged by a previous run that crashed before their spans were queued."""
