@@ -195,6 +195,12 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process, from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else float("nan")
@@ -242,11 +248,15 @@ async def main(args: argparse.Namespace) -> None:
     try:
         await asyncio.to_thread(wait_ready, metrics_port, 30)
         start = time.monotonic()
+        # CPU seconds of the load generator (this process: sender and sink) and of the processor,
+        # to show whether the sender, which shares the cores, holds the processor back.
+        own_cpu, proc_cpu = time.process_time(), cpu_seconds(proc.pid)
         ingest_s, acked, throttles = await send_all(grpc_port, requests, args.concurrency)
         deadline = time.monotonic() + 120
         while sink.spans < total and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         e2e_s = time.monotonic() - start
+        own_cpu, proc_cpu = time.process_time() - own_cpu, cpu_seconds(proc.pid) - proc_cpu
         metrics = await asyncio.to_thread(scrape, metrics_port)
         peak_kib = rss_kib(proc.pid, "VmHWM")
         latencies = [sink.root_arrival[t] - acked[t] - IDLE_TIMEOUT for t in acked if t in sink.root_arrival]
@@ -265,6 +275,8 @@ async def main(args: argparse.Namespace) -> None:
         print(f"decision latency beyond idle_timeout at full load (ack -> annotated root at the sink): "
               f"p50 {p50(latencies):.3f}s  p99 {p99(latencies):.3f}s  over {len(latencies)} traces")
         print(f"processor peak RSS         {peak_kib / 1024:>10,.0f} MiB")
+        print(f"CPU over the end-to-end run ({e2e_s:.1f}s wall, {os.cpu_count()} cores): processor "
+              f"{proc_cpu / e2e_s:.0%} of a core, load generator and sink {own_cpu / e2e_s:.0%} of a core")
         print("processor counters: " + ", ".join(
             f"{name}={metric_sum(metrics, name):,.0f}"
             for name in ("plumb_spans_received_total", "plumb_spans_dropped_total", "plumb_violations_total",
