@@ -9,8 +9,9 @@ min) is indeterminate rather than failed.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -57,7 +58,8 @@ class Run:
     def cel_steps(self, steps: Sequence[Step], fields: frozenset[str]) -> list[dict[str, Any]]:
         built = self._cel_steps.get(fields)
         if built is None:
-            built = self._cel_steps[fields] = [cel_step(s, fields) for s in self.trajectory.steps]
+            getters = _step_getters(fields)
+            built = self._cel_steps[fields] = [{k: get(s) for k, get in getters} for s in self.trajectory.steps]
         if steps is self.trajectory.steps:
             return built
         by_position = {s.index: i for i, s in enumerate(self.trajectory.steps)}
@@ -108,8 +110,14 @@ TRAJECTORY_FIELDS: dict[str, Callable[[Trajectory, Run], Any]] = {
 }
 
 
-def cel_step(s: Step, fields: Collection[str] = STEP_FIELDS.keys()) -> dict[str, Any]:
-    return {k: get(s) for k, get in STEP_FIELDS.items() if k in fields}
+def cel_step(s: Step, fields: frozenset[str] = frozenset(STEP_FIELDS)) -> dict[str, Any]:
+    return {k: get(s) for k, get in _step_getters(fields)}
+
+
+@functools.lru_cache(maxsize=1024)
+def _step_getters(fields: frozenset[str]) -> tuple[tuple[str, Callable[[Step], Any]], ...]:
+    """The step fields an expression names, picked once per set of names (not once per step)."""
+    return tuple((k, get) for k, get in STEP_FIELDS.items() if k in fields)
 
 
 def step_summary(s: Step) -> dict[str, Any]:
