@@ -118,9 +118,10 @@ class Assembler:
                 oldest = next(iter(self._traces))
                 evicted.extend(self._finish(oldest, now, complete=False, reason="evicted"))
             buf = self._traces[tid] = _TraceBuffer(tid, now)
-        buf.last_seen = now
-        self._by_activity[tid] = None
-        self._by_activity.move_to_end(tid)
+            self._by_activity[tid] = None  # a new trace: last in activity order already
+        else:
+            buf.last_seen = now
+            self._by_activity.move_to_end(tid)
         if len(buf.spans) >= self.limits.max_spans_per_trace:
             buf.over_limit = True
             return AddOutcome.OVER_LIMIT, evicted

@@ -22,12 +22,18 @@ def build_trajectory(
     # always precedes its child, then by end time and id for a stable order.
     spans.sort(key=lambda s: (s.start_ns, depth[s.span_id], s.end_ns, s.span_id))
 
-    problems = [p for s in spans for p in s.problems]
+    problems: list[str] = []
     # Each trace needs its own root (a session joins several traces, each with one).
     tops_by_trace: dict[str, list[NormalisedSpan]] = {}
+    results_by_call_id: dict[str, object] = {}
+    # One pass over the spans for what only reads them (this runs once per span).
     for s in spans:
+        if s.problems:
+            problems.extend(s.problems)
         if s.parent_span_id is None or s.parent_span_id not in by_id:
             tops_by_trace.setdefault(s.trace_id, []).append(s)
+        if s.tool_results:
+            results_by_call_id.update(s.tool_results)
     roots = [_root(tops) for tops in tops_by_trace.values()]
     root = roots[0] if roots else None
     if complete and (not roots or any(r is None for r in roots)):
@@ -41,9 +47,6 @@ def build_trajectory(
     requested: list[tuple[tuple[int, int, int, str], Step]] = []
     tool_steps_by_call_id: dict[str, Step] = {}
     tool_steps: list[Step] = []
-    results_by_call_id: dict[str, object] = {}
-    for s in spans:
-        results_by_call_id.update(s.tool_results)
     for s in spans:
         step = _span_step(s)
         steps.append(step)
@@ -108,7 +111,7 @@ def build_trajectory(
         service=str(service) if service is not None else None,
         agent=agent,
         session_id=session_id or next((s.session_id for s in spans if s.session_id), None),
-        start_ns=min((s.start_ns for s in spans), default=0),
+        start_ns=spans[0].start_ns if spans else 0,  # sorted by start time
         end_ns=max((s.end_ns for s in spans), default=0),
         span_count=len(spans),
         attributes=attributes,
@@ -119,6 +122,17 @@ def build_trajectory(
 def _depths(spans: list[NormalisedSpan], by_id: dict[str, NormalisedSpan]) -> dict[str, int]:
     depth: dict[str, int] = {}
     for s in spans:
+        # The usual cases first, without a chain: a top span, or a parent already placed.
+        if s.span_id in depth:
+            continue
+        parent = s.parent_span_id
+        if parent is None or parent not in by_id:
+            depth[s.span_id] = 0
+            continue
+        parent_depth = depth.get(parent)
+        if parent_depth is not None:
+            depth[s.span_id] = parent_depth + 1
+            continue
         chain: list[NormalisedSpan] = []
         cur: NormalisedSpan | None = s
         while cur is not None and cur.span_id not in depth and len(chain) <= len(by_id):
