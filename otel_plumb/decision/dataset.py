@@ -64,16 +64,22 @@ def _items(path: Path, text: str) -> list[tuple[str, Any]]:
     raise DatasetError(f"{path}: unsupported dataset format (use .jsonl or .json)")
 
 
-def load_dataset(path: str | Path, spec: DecisionSpec) -> Dataset:
-    path = Path(path)
+def read_data(path: Path, what: str) -> tuple[bytes, str]:
+    """A data file's bytes (for its hash) and text; unreadable or non-UTF-8 files are
+    DatasetErrors naming ``what``."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise DatasetError(f"{path}: cannot read dataset: {exc.strerror or exc}") from exc
+        raise DatasetError(f"{path}: cannot read {what}: {exc.strerror or exc}") from exc
     try:
-        text = raw.decode("utf-8")
+        return raw, raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DatasetError(f"{path}: dataset is not valid UTF-8") from exc
+        raise DatasetError(f"{path}: {what} is not valid UTF-8") from exc
+
+
+def load_dataset(path: str | Path, spec: DecisionSpec) -> Dataset:
+    path = Path(path)
+    raw, text = read_data(path, "dataset")
     cases: list[Case] = []
     seen: dict[str, str] = {}
     for position, (location, item) in enumerate(_items(path, text), start=1):

@@ -27,6 +27,7 @@ from otel_plumb.decision.contract import (
     dump_section,
     load_contract,
 )
+from otel_plumb.decision.dataset import read_data
 from otel_plumb.decision.errors import DatasetError, InvalidResponse, ReportError
 from otel_plumb.decision.model import DecisionInput, validate_probabilities
 from otel_plumb.decision.render import check_lines, num
@@ -110,14 +111,7 @@ def normalize_record(
 
 
 def load_records(path: Path, spec: DecisionSpec, *, tolerance: float) -> tuple[str, list[ProductionRecord]]:
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise DatasetError(f"{path}: cannot read production dataset: {exc.strerror or exc}") from exc
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DatasetError(f"{path}: production dataset is not valid UTF-8") from exc
+    raw, text = read_data(path, "production dataset")
     suffix = path.suffix.lower()
     items: list[tuple[str, Any]] = []
     if suffix == ".jsonl":
