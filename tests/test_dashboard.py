@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
-from test_live_support import agent_provider, config, free_port, wait_until
+from test_live_support import agent_provider, config, free_port, run_agent, wait_until
 
-from otel_plumb.demo.agent import INVOICES, run_all
+from otel_plumb.demo.agent import INVOICES
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.demo.run import policy_path
 from otel_plumb.processor import Processor
@@ -176,11 +176,7 @@ async def feed(processor: Processor) -> list[dict[str, Any]]:
     processor.on_decided(lambda record, _t, _v: decided.append(record))
     provider, _ = agent_provider(processor.grpc_port or 0)
 
-    def agent() -> None:
-        run_all(provider)
-        provider.shutdown()
-
-    await asyncio.to_thread(agent)
+    await asyncio.to_thread(run_agent, provider)
     await wait_until(lambda: len(decided) == len(INVOICES), DEADLINE, "every trajectory decided")
     assert {"conformant", "violating"} <= {r["status"] for r in decided}
     return decided

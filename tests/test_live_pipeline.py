@@ -18,13 +18,14 @@ from test_live_support import (
     config,
     free_port,
     metric,
+    run_agent,
     scrape,
     sent_spans,
     strip_annotations,
     wait_until,
 )
 
-from otel_plumb.demo.agent import INVOICES, run_all
+from otel_plumb.demo.agent import INVOICES
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.demo.run import policy_path
 from otel_plumb.processor import Processor
@@ -54,13 +55,8 @@ async def test_every_span_arrives_once_unchanged_apart_from_annotations(tmp_path
         grpc_agent, grpc_sent = agent_provider(processor.grpc_port, "grpc")
         http_agent, http_sent = agent_provider(processor.http_port, "http")
 
-        def agents() -> None:
-            for provider in (grpc_agent, http_agent):
-                run_all(provider)
-                provider.force_flush()
-                provider.shutdown()
-
-        await asyncio.to_thread(agents)
+        for provider in (grpc_agent, http_agent):
+            await asyncio.to_thread(run_agent, provider)
         sent = {**sent_spans(grpc_sent), **sent_spans(http_sent)}
         assert len(sent) == 2 * 84
         await wait_until(lambda: len(records) == 2 * len(INVOICES), 10, "all trajectories decided")
@@ -162,12 +158,7 @@ async def test_backend_outage_loses_and_duplicates_nothing(tmp_path: Path) -> No
     try:
         agent, memory = agent_provider(processor.grpc_port or 0)
 
-        def work() -> None:
-            run_all(agent)
-            agent.force_flush()
-            agent.shutdown()
-
-        await asyncio.to_thread(work)
+        await asyncio.to_thread(run_agent, agent)
         sent = sent_spans(memory)
         exporter = processor.exporter
         assert exporter is not None
@@ -197,12 +188,7 @@ async def test_passthrough_forwards_at_once_then_a_verdict_span(tmp_path: Path) 
     try:
         agent, memory = agent_provider(processor.grpc_port or 0)
 
-        def work() -> None:
-            run_all(agent)
-            agent.force_flush()
-            agent.shutdown()
-
-        await asyncio.to_thread(work)
+        await asyncio.to_thread(run_agent, agent)
         sent = sent_spans(memory)
         # Forwarded before any decision (idle_timeout is 30 s): unchanged, no annotations.
         await wait_until(lambda: backend.span_count >= len(sent), 10, "spans forwarded at once")
@@ -235,12 +221,7 @@ async def test_watch_stream_is_served_on_the_otlp_grpc_port(tmp_path: Path) -> N
             await stream.initial_metadata()  # the subscription is in place
             agent, _ = agent_provider(processor.grpc_port or 0)
 
-            def work() -> None:
-                run_all(agent)
-                agent.force_flush()
-                agent.shutdown()
-
-            await asyncio.to_thread(work)
+            await asyncio.to_thread(run_agent, agent)
             cases = set()
             async with asyncio.timeout(10):
                 async for trajectory in stream:

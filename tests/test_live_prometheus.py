@@ -10,9 +10,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from test_live_support import agent_provider, config, free_port, wait_until
+from test_live_support import agent_provider, config, free_port, run_agent, wait_until
 
-from otel_plumb.demo.agent import run_all
 from otel_plumb.demo.run import policy_path
 from otel_plumb.processor import Processor
 
@@ -47,12 +46,7 @@ async def test_prometheus_scrapes_violation_counts(tmp_path: Path) -> None:
     try:
         agent, _ = agent_provider(processor.grpc_port or 0)
 
-        def work() -> None:
-            run_all(agent)
-            agent.force_flush()
-            agent.shutdown()
-
-        await asyncio.to_thread(work)
+        await asyncio.to_thread(run_agent, agent)
         await wait_until(lambda: len(decided) == 6, 10, "all trajectories decided")
         async with aiohttp.ClientSession() as session:
 

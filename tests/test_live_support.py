@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
+from otel_plumb.demo.agent import run_all
 from otel_plumb.processor import ProcessorConfig, load_config
 
 ROOT_KEYS = ("plumb.verdict", "plumb.policy", "plumb.violations.count", "plumb.violations.ids")
@@ -69,6 +70,14 @@ def agent_provider(port: int, protocol: str = "grpc") -> tuple[TracerProvider, I
     memory = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(memory))
     return provider, memory
+
+
+def run_agent(provider: TracerProvider) -> None:
+    """The bundled agent works through every invoice; its spans are flushed and the provider shut
+    down. Blocking: call it through ``asyncio.to_thread`` from a test's event loop."""
+    run_all(provider)
+    provider.force_flush()
+    provider.shutdown()
 
 
 def sent_spans(memory: InMemorySpanExporter) -> dict[str, Span]:

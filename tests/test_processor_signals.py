@@ -20,6 +20,7 @@ from test_live_support import (
     attribute,
     free_port,
     metric,
+    run_agent,
     scrape,
     sent_spans,
     start_cli,
@@ -27,7 +28,7 @@ from test_live_support import (
     wait_until,
 )
 
-from otel_plumb.demo.agent import INVOICES, run_all
+from otel_plumb.demo.agent import INVOICES
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.demo.run import policy_path
 
@@ -63,9 +64,7 @@ def _args(tmp_path: Path, idle_timeout: str, export: str, max_wait: str = "5m") 
 
 def _send(port: int) -> dict[str, object]:
     agent, memory = agent_provider(port)
-    run_all(agent)
-    agent.force_flush()
-    agent.shutdown()
+    run_agent(agent)
     return dict(sent_spans(memory))
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from test_live_support import agent_provider, config, wait_until
+from test_live_support import agent_provider, config, run_agent, wait_until
 
-from otel_plumb.demo.agent import INVOICES, run_all
+from otel_plumb.demo.agent import INVOICES
 from otel_plumb.demo.run import policy_path
 from otel_plumb.processor import Processor
 from otel_plumb.proto_gen import trajectory_pb2, watch_pb2, watch_pb2_grpc
@@ -49,11 +49,7 @@ async def test_running_processor_streams_verdicts(tmp_path: Path) -> None:
 
         provider, _ = agent_provider(processor.grpc_port or 0)
 
-        def agent() -> None:
-            run_all(provider)
-            provider.shutdown()
-
-        await asyncio.to_thread(agent)
+        await asyncio.to_thread(run_agent, provider)
         await wait_until(lambda: len(decided) == len(INVOICES), DEADLINE, "every trajectory decided")
         expected_violating = [r for r in decided if r["status"] == "violating"]
         assert expected_violating and len(expected_violating) < len(decided)
