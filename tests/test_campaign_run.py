@@ -2,8 +2,10 @@
 through the embedded processor, the Watch stream and trace files; resume, cache, CLI."""
 
 import asyncio
+import contextlib
 import json
 import shutil
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,21 @@ def calls(tmp_path: Path) -> list[str]:
     return log.read_text().split() if log.exists() else []
 
 
+@contextlib.asynccontextmanager
+async def agent_server(handler) -> AsyncIterator[int]:
+    """An HTTP agent on a free 127.0.0.1 port serving POST /run; yields the port, stops it after."""
+    app = web.Application()
+    app.router.add_post("/run", handler)
+    server = web.AppRunner(app, access_log=None)
+    await server.setup()
+    site = web.TCPSite(server, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]
+    finally:
+        await server.cleanup()
+
+
 async def run_once(path: Path, store: Store, **kw) -> dict:
     runner = CampaignRun(load_campaign(path), store, **kw)
     run_id = runner.start()
@@ -132,19 +149,10 @@ async def test_http_runner_sends_trace_context_and_gets_the_answer(tmp_path):
         answer = await asyncio.to_thread(agent.handle, await req.json(), 0, dict(req.headers))
         return web.json_response(answer)
 
-    app = web.Application()
-    app.router.add_post("/run", run)
-    server = web.AppRunner(app, access_log=None)
-    await server.setup()
-    site = web.TCPSite(server, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
+    async with agent_server(run) as port:
         path = setup_campaign(tmp_path, f"  http: {{http: {{url: 'http://127.0.0.1:{port}/run', timeout_s: 10}}}}\n",
                               "  baseline: {repeats: 2}\n", cases=1)
         report = await run_once(path, Store(tmp_path / "runs.db"))
-    finally:
-        await server.cleanup()
     assert [t["status"] for t in report["trials"]] == ["conformant", "conformant"]
     traceparents = {t["trace_id"] for t in report["trials"]}
     assert {tp.split("-")[1] for tp, _ in seen} == traceparents  # a fresh trace per trial
@@ -160,19 +168,12 @@ async def test_http_retries_only_connection_errors():
         hits.append(1)
         return web.Response(status=500, text="agent crashed")
 
-    app = web.Application()
-    app.router.add_post("/run", fail)
-    server = web.AppRunner(app, access_log=None)
-    await server.setup()
-    site = web.TCPSite(server, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
     ctx = TraceContext("0" * 31 + "1", "0" * 15 + "1", {"plumb.arm": "a"})
-    runner = HttpRunner(HttpArm(url=f"http://127.0.0.1:{port}/run", retries=3))
-    with pytest.raises(AgentError, match="HTTP 500: agent crashed"):
-        await runner(({"input": "x"}), ctx)
-    assert hits == [1]  # the agent ran: not retried
-    await server.cleanup()
+    async with agent_server(fail) as port:
+        runner = HttpRunner(HttpArm(url=f"http://127.0.0.1:{port}/run", retries=3))
+        with pytest.raises(AgentError, match="HTTP 500: agent crashed"):
+            await runner(({"input": "x"}), ctx)
+        assert hits == [1]  # the agent ran: not retried
     closed = HttpRunner(HttpArm(url=f"http://127.0.0.1:{port}/run", retries=2))
     slow_hits = []
 
@@ -181,19 +182,12 @@ async def test_http_retries_only_connection_errors():
         await asyncio.sleep(1)
         return web.json_response({"output": "late"})
 
-    app2 = web.Application()
-    app2.router.add_post("/run", slow)
-    server2 = web.AppRunner(app2, access_log=None)
-    await server2.setup()
-    site2 = web.TCPSite(server2, "127.0.0.1", 0)
-    await site2.start()
-    port2 = site2._server.sockets[0].getsockname()[1]
-    slow_runner = HttpRunner(HttpArm(url=f"http://127.0.0.1:{port2}/run", timeout_s=0.3, retries=3))
-    with pytest.raises(AgentError, match=r"no answer within 0\.3s"):
-        await slow_runner({"input": "x"}, ctx)
-    assert slow_hits == [1]  # a timeout is not retried either
-    await slow_runner.close()
-    await server2.cleanup()
+    async with agent_server(slow) as port2:
+        slow_runner = HttpRunner(HttpArm(url=f"http://127.0.0.1:{port2}/run", timeout_s=0.3, retries=3))
+        with pytest.raises(AgentError, match=r"no answer within 0\.3s"):
+            await slow_runner({"input": "x"}, ctx)
+        assert slow_hits == [1]  # a timeout is not retried either
+        await slow_runner.close()
     with pytest.raises(AgentError, match="cannot connect"):
         await closed({"input": "x"}, ctx)
     await runner.close()
