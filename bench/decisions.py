@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 CONTRACT = """\
 schema_version: "0.1"
@@ -47,27 +50,33 @@ def write_contract(folder: Path, n: int) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def counting(cls: Any, method: str) -> Iterator[list[int]]:
+    """Count calls of ``cls.method`` (the backend's answer) while the block runs."""
+    calls = [0]
+    original = getattr(cls, method)
+
+    def counted(self, request):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        return original(self, request)
+
+    setattr(cls, method, counted)
+    try:
+        yield calls
+    finally:
+        setattr(cls, method, original)
+
+
 def run_decguard(path: Path) -> tuple[int, float, float, list[str]]:
     from decguard.backends.mock import MockBackend
     from decguard.engine import run_test
 
-    calls = 0
-    original = MockBackend.predict
-
-    def counted(self, request):  # type: ignore[no-untyped-def]
-        nonlocal calls
-        calls += 1
-        return original(self, request)
-
-    MockBackend.predict = counted  # type: ignore[method-assign]
-    try:
+    with counting(MockBackend, "predict") as calls:
         start, cpu = time.perf_counter(), time.process_time()
         report = run_test(path, mode="all")
         report.model_dump_json()
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
-    finally:
-        MockBackend.predict = original  # type: ignore[method-assign]
-    return calls, elapsed, cpu, [c.status.value for c in report.checks]
+    return calls[0], elapsed, cpu, [c.status.value for c in report.checks]
 
 
 def run_ours(path: Path) -> tuple[int, float, float, list[str]]:
@@ -75,23 +84,12 @@ def run_ours(path: Path) -> tuple[int, float, float, list[str]]:
     from otel_plumb.decision.contract import load_contract
     from otel_plumb.decision.report import dumps, run_and_report
 
-    calls = 0
-    original = MockBackend.answer
-
-    def counted(self, request):  # type: ignore[no-untyped-def]
-        nonlocal calls
-        calls += 1
-        return original(self, request)
-
-    MockBackend.answer = counted  # type: ignore[method-assign]
-    try:
+    with counting(MockBackend, "answer") as calls:
         start, cpu = time.perf_counter(), time.process_time()
         report = asyncio.run(run_and_report(load_contract(path), mode="all"))
         dumps(report, indent=False)
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
-    finally:
-        MockBackend.answer = original  # type: ignore[method-assign]
-    return calls, elapsed, cpu, [c["status"] for c in report["checks"]]
+    return calls[0], elapsed, cpu, [c["status"] for c in report["checks"]]
 
 
 def main() -> None:
