@@ -1,7 +1,7 @@
 """Offline replay: trace files -> spans -> normalised spans -> trajectories.
 
-The same normalise and assemble stages as the live processor, driven by the files instead of
-the network. Only normalised spans are buffered, and a trace is assembled once its root has
+The same intake (normalise, de-duplicate, assemble) as the live processor, driven by the
+files instead of the network. Only normalised spans are buffered, and a trace is assembled once its root has
 been read and ``window_spans`` further spans went by without one of its own: files are
 written as traces end, so memory stays bounded by the window, not by the file. Nothing is
 printed here; the commands, campaigns and reports call it.
@@ -15,9 +15,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from otel_plumb.assemble import AddOutcome, Assembler, AssemblyLimits, Finished
+from otel_plumb.assemble import AddOutcome, AssemblyLimits, Finished
+from otel_plumb.intake import Intake, Source
 from otel_plumb.model import SpanRecord, Trajectory
-from otel_plumb.normalise import normalise
 from otel_plumb.receive.files import ReadError, read_batches
 
 GroupBy = Literal["trace", "session"]
@@ -95,23 +95,16 @@ def iter_trajectories(
 ) -> Iterator[Trajectory]:
     """Trajectories as they are assembled (streaming); ``stats`` is filled in along the way.
 
+    A file's trajectories are let go when the whole file has been read: an unreadable part
+    further on may have held some of their spans, which makes them incomplete.
+
     Exhaust the iterator or ``close()`` it: Python's cyclic garbage collector is paused until then.
     """
-    assembler = Assembler(replay_limits(group_by, window_spans))
-    add, due = assembler.add, assembler.due
-    # Span ids of the traces being assembled: a span exported twice (a retried export, the
-    # same file given twice) must not become two steps.
-    seen: dict[str, set[str]] = {}
+    intake = Intake(replay_limits(group_by, window_spans))
+    add, due = intake.add, intake.due
     clock = 0
     due_every = max(1, min(_DUE_EVERY, window_spans // 4))
     next_due = due_every
-
-    def emit(finished: list[Finished]) -> Iterator[Trajectory]:
-        for done in finished:
-            for tid in done.trace_ids:
-                seen.pop(tid, None)
-            yield done.trajectory()
-
     # The pipeline makes no reference cycles, and cyclic collection passes over the
     # growing set of buffered spans cost a fifth of replay time: paused while reading.
     gc_was_enabled = gc.isenabled()
@@ -120,42 +113,39 @@ def iter_trajectories(
         for path in paths:
             file_stats = FileStats(os.fspath(path))
             stats.files.append(file_stats)
+            source = Source(file_stats.path)
+            finished: list[Finished] = []
             for batch in read_batches(path):
                 for item in batch:
                     if not isinstance(item, SpanRecord):
                         file_stats.errors += 1
                         stats.add_error(item)
+                        intake.unreadable(source, f"{item.location}: {item.message}", item.trace_id)
                         continue
                     clock += 1
-                    ids = seen.get(item.trace_id)
-                    if ids is None:
-                        ids = seen[item.trace_id] = set()
-                    elif item.span_id in ids:
+                    outcome, _ = add(item, None, float(clock), source)
+                    if outcome is AddOutcome.ACCEPTED:
+                        continue
+                    if outcome is AddOutcome.DUPLICATE or outcome is AddOutcome.CONFLICTING_DUPLICATE:
                         stats.duplicate_spans += 1
-                        continue
-                    ids.add(item.span_id)
-                    try:
-                        span = normalise(item)
-                    except Exception as exc:  # one odd span must not stop a replay
+                    elif outcome is AddOutcome.LATE:
+                        stats.late_spans += 1
+                    elif outcome is AddOutcome.OVER_LIMIT:
+                        stats.over_limit_spans += 1
+                    else:
                         file_stats.errors += 1
-                        message = f"span {item.span_id} ({item.name!r}): not normalised: {exc}"
-                        stats.add_error(ReadError(file_stats.path, message))
-                        continue
-                    outcome, finished = add(span, None, float(clock))
-                    if outcome is not AddOutcome.ACCEPTED:
-                        if outcome is AddOutcome.LATE:
-                            seen.pop(item.trace_id, None)
-                            stats.late_spans += 1
-                        else:
-                            stats.over_limit_spans += 1
-                    if finished:
-                        yield from emit(finished)
+                        message = f"span {item.span_id} ({item.name!r}): could not be read"
+                        stats.add_error(ReadError(file_stats.path, message, trace_id=item.trace_id))
                 file_stats.spans = clock - stats.spans
                 if clock >= next_due:
                     next_due = clock + due_every
-                    yield from emit(due(float(clock)))
+                    finished.extend(due(float(clock)))
             stats.spans = clock
-        yield from emit(assembler.drain(float(clock)))
+            finished.extend(intake.ready())
+            for done in finished:
+                yield intake.trajectory(done)
+        for done in intake.drain(float(clock)):
+            yield intake.trajectory(done)
     finally:
         if gc_was_enabled:
             gc.enable()

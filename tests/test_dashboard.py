@@ -24,6 +24,7 @@ from otel_plumb.demo.agent import INVOICES
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.demo.run import policy_path
 from otel_plumb.processor import Processor
+from otel_plumb.report.records import decided_record
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "configs" / "grafana" / "otel-plumb-dashboard.json"
@@ -173,7 +174,7 @@ async def feed(processor: Processor) -> list[dict[str, Any]]:
     """The bundled agent (some runs deliberately faulty) sends its traces over the real OTLP
     exporter; returns the trajectory records once every trajectory is decided."""
     decided: list[dict[str, Any]] = []
-    processor.on_decided(lambda record, _t, _v: decided.append(record))
+    processor.on_decided(lambda d: decided.append(decided_record(d)))
     provider, _ = agent_provider(processor.grpc_port or 0)
 
     await asyncio.to_thread(run_agent, provider)

@@ -104,6 +104,6 @@ async def test_oversized_requests_are_refused(tmp_path: Path) -> None:
             headers = {"Content-Type": "application/x-protobuf"}
             async with session.post(url, data=big.SerializeToString(), headers=headers) as resp:
                 assert resp.status == 413
-        assert processor.assembler.spans_buffered == 0
+        assert processor.intake.spans_buffered == 0
     finally:
         await processor.stop()

@@ -13,6 +13,7 @@ from test_live_support import config, metric, scrape, wait_until
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.export.metrics import OVERFLOW, Metrics
 from otel_plumb.processor import Processor
+from otel_plumb.report.records import decided_record
 
 
 def test_label_values_past_the_cap_fold_into_overflow() -> None:
@@ -79,7 +80,7 @@ async def test_session_grouping_decides_one_trajectory_over_several_traces(tmp_p
         config(tmp_path, backend.endpoint, assembly={"group_by": "session", "session_idle_timeout": 0.3})
     )
     records: list[dict[str, object]] = []
-    processor.on_decided(lambda record, _t, _v: records.append(record))
+    processor.on_decided(lambda d: records.append(decided_record(d)))
     await processor.start()
     try:
         turns = [trace_request(tools=2), trace_request(tools=1)]

@@ -91,7 +91,7 @@ async def test_overloaded_processor_throttles_and_clients_retry_without_loss(tmp
             headers = {"Content-Type": "application/x-protobuf"}
             async with session.post(url, data=body, headers=headers) as resp:
                 assert resp.status == 429 and resp.headers["Retry-After"] == "1"
-            await wait_until(lambda: processor.assembler.spans_buffered < 30, 5, "buffers to drain")
+            await wait_until(lambda: processor.intake.spans_buffered < 30, 5, "buffers to drain")
             async with session.post(url, data=body, headers=headers) as resp:
                 assert resp.status == 200
         total += 6 * 5 + 5

@@ -29,6 +29,7 @@ from otel_plumb.demo.agent import INVOICES
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.demo.run import policy_path
 from otel_plumb.processor import Processor
+from otel_plumb.report.records import decided_record
 
 PAYMENTS_PER_RUN = 6  # schedule_payment calls over INVOICES: INV-1003 pays twice, INV-1005 not at all
 
@@ -48,7 +49,7 @@ async def test_every_span_arrives_once_unchanged_apart_from_annotations(tmp_path
     processor = Processor(config(tmp_path, backend.endpoint, policies=[str(policy_path())]))
     records: list[dict[str, Any]] = []
     watch = processor.hub.subscribe()
-    processor.on_decided(lambda record, _t, _v: records.append(record))
+    processor.on_decided(lambda d: records.append(decided_record(d)))
     await processor.start()
     try:
         assert processor.grpc_port and processor.http_port and processor.metrics_port

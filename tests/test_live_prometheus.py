@@ -14,6 +14,7 @@ from test_live_support import agent_provider, config, free_port, run_agent, wait
 
 from otel_plumb.demo.run import policy_path
 from otel_plumb.processor import Processor
+from otel_plumb.report.records import decided_record
 
 QUERY = 'sum(plumb_violations_total{policy="ap-controls",severity="critical"})'
 
@@ -24,7 +25,7 @@ async def test_prometheus_scrapes_violation_counts(tmp_path: Path) -> None:
         pytest.fail("the prometheus binary is not installed (.ci/install.d/10-prometheus.sh installs it)")
     processor = Processor(config(tmp_path, policies=[str(policy_path())]))
     decided: list[dict[str, Any]] = []
-    processor.on_decided(lambda record, _t, _v: decided.append(record))
+    processor.on_decided(lambda d: decided.append(decided_record(d)))
     await processor.start()
     prom_port = free_port()
     (tmp_path / "prometheus.yml").write_text(

@@ -7,15 +7,20 @@ import re
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from google.protobuf import json_format
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otel_plumb.model import Step, Trajectory, Verdict
+from otel_plumb.model import Decided, Step, Trajectory, Verdict, trajectory_status
 from otel_plumb.proto_gen import trajectory_pb2
-from otel_plumb.report.records import step_record, trajectory_record, verdict_record
+from otel_plumb.report.records import decided_record, step_record, verdict_record
 from otel_plumb.watch.service import trajectory_message
+
+
+def record_of(trajectory: Trajectory, verdicts: list[Verdict], policies: list[str]) -> dict[str, Any]:
+    return decided_record(Decided(trajectory, verdicts, policies, trajectory_status(trajectory, verdicts)))
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "otel_plumb" / "proto_gen"
@@ -109,7 +114,7 @@ def _verdicts() -> list[Verdict]:
 def test_every_record_field_has_a_proto_field_of_the_same_name() -> None:
     trajectory = _sample()
     fields = {
-        trajectory_pb2.Trajectory: trajectory_record(trajectory, _verdicts(), ["payments"]),
+        trajectory_pb2.Trajectory: record_of(trajectory, _verdicts(), ["payments"]),
         trajectory_pb2.Step: step_record(trajectory.steps[1]),
         trajectory_pb2.Verdict: verdict_record(_verdicts()[0]),
     }
@@ -120,7 +125,7 @@ def test_every_record_field_has_a_proto_field_of_the_same_name() -> None:
 
 
 def test_record_round_trips_through_the_message() -> None:
-    record = trajectory_record(_sample(), _verdicts(), ["payments"])
+    record = record_of(_sample(), _verdicts(), ["payments"])
     message = trajectory_message(record)
     back = json_format.MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
@@ -164,7 +169,7 @@ def test_conversion_is_the_proto3_json_mapping(
     """The field-by-field conversion gives exactly what json_format.ParseDict gives, for any
     JSON values in the free-form fields, and ignores fields the proto does not know."""
     trajectory = _sample()
-    record = trajectory_record(trajectory, _verdicts(), ["payments"])
+    record = record_of(trajectory, _verdicts(), ["payments"])
     record["steps"][1]["args"], record["steps"][1]["result"] = args, result
     record["verdicts"][0]["expected"], record["verdicts"][0]["got"] = expected, got
     record["decision"] = "early"

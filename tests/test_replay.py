@@ -21,7 +21,15 @@ def test_replay_mixed_files_one_trace_split_across_formats(tmp_path: Path) -> No
     b = write_records(tmp_path / "b.pb", [traces[0][2:], traces[2]])
     result = replay([a, b])
     assert len(result.trajectories) == 3
-    assert all(t.complete and t.root_span_id for t in result.trajectories)
+    assert all(t.root_span_id for t in result.trajectories)
+    # The unreadable line of a.jsonl may have held spans of any trace that file fed: traces 0 and 1
+    # are incomplete (nothing says which trace the line held); trace 2, only in b.pb, is complete.
+    fed_by_a = {f"{s.context.trace_id:032x}" for s in traces[0] + traces[1] if s.context is not None}
+    assert {t.trace_id for t in result.trajectories if not t.complete} == fed_by_a
+    for t in result.trajectories:
+        if not t.complete:
+            assert t.incomplete_reason == "unreadable_input"
+            assert any(f"{a}:3" in p for p in t.problems)
     for t in result.trajectories:
         assert [s.kind for s in t.steps] == ["agent", "llm", "tool", "tool"]
         assert [s.index for s in t.steps] == [0, 1, 2, 3]
@@ -78,7 +86,9 @@ def test_replay_command_writes_the_report(tmp_path: Path) -> None:
     assert len(report["trajectories"]) == 2
     t = report["trajectories"][0]
     assert {"trace_id", "key", "agent", "status", "complete", "steps", "verdicts"} <= set(t)
-    assert t["complete"] is True and t["agent"] == "ap" and t["case_id"] in {"INV-0", "INV-1"}
+    # The bad line could have held spans of either trace: both incomplete, and unchecked (no policy).
+    assert t["complete"] is False and t["incomplete_reason"] == "unreadable_input"
+    assert t["status"] == "unchecked" and t["agent"] == "ap" and t["case_id"] in {"INV-0", "INV-1"}
     tools = [s for s in t["steps"] if s["kind"] == "tool"]
     assert [s["name"] for s in tools] == ["fetch_invoice", "schedule_payment"]
     assert tools[0]["error"] == "503 upstream" and tools[1]["error"] is None

@@ -7,6 +7,7 @@ import xml.etree.ElementTree as ET
 
 from test_check_support import policy, step, trajectory
 
+from otel_plumb.check import decide
 from otel_plumb.report import html, junit
 from otel_plumb.report.json_report import build_report, report_body
 
@@ -28,7 +29,8 @@ def _report(tmp_path):
     clean = trajectory("check_duplicate", step("pay", args={"amount": "4,820.00"}))
     for i, t in enumerate((wrong, missing, unknown, clean)):
         t.trace_ids = [f"{i + 1:032x}"]
-    return build_report(report_body([p], [wrong, missing, unknown, clean]), {"notes": ["note <b>"]}, [])
+    decided = [decide([p], t) for t in (wrong, missing, unknown, clean)]
+    return build_report(report_body([p], decided), {"notes": ["note <b>"]}, [])
 
 
 def test_html_marks_the_offending_step_and_escapes_everything(tmp_path):

@@ -7,6 +7,7 @@ import json
 import pytest
 from test_check_support import policy, step, trajectory
 
+from otel_plumb.check import decide
 from otel_plumb.report.json_report import build_report, conformance, report_body
 from otel_plumb.stats import rate
 
@@ -40,7 +41,7 @@ def test_report_fields_and_conformance(tmp_path):
     elsewhere = trajectory("x", service="other")
     other = policy(tmp_path, "policy: other\napplies_to: {service: other}\ninvariants:\n  - {id: dup, must_call: x}\n",
                    "o.yaml")  # fmt: skip
-    body = report_body([p, other], [clean, twice, no_dup, unknown, cut, elsewhere])
+    body = report_body([p, other], [decide([p, other], t) for t in (clean, twice, no_dup, unknown, cut, elsewhere)])
     report = json.loads(json.dumps(build_report(body, {"tool_calls": {}}, [{"file": "f", "line": 3}])))
 
     assert report["report_version"] == "1" and report["errors"] == [{"file": "f", "line": 3}]
@@ -70,6 +71,6 @@ def test_report_fields_and_conformance(tmp_path):
 
 def test_unchecked_trajectories_are_left_out_of_conformance(tmp_path):
     p = policy(tmp_path, "policy: p\napplies_to: {agent: refund-*}\ninvariants:\n  - {id: a, must_call: x}\n")
-    body = report_body([p], [trajectory("y")])
+    body = report_body([p], [decide([p], trajectory("y"))])
     assert body["summary"]["unchecked"] == 1
     assert conformance(body["trajectories"])["n"] == 0

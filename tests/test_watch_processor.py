@@ -14,6 +14,7 @@ from otel_plumb.demo.agent import INVOICES
 from otel_plumb.demo.run import policy_path
 from otel_plumb.processor import Processor
 from otel_plumb.proto_gen import trajectory_pb2, watch_pb2, watch_pb2_grpc
+from otel_plumb.report.records import decided_record
 from otel_plumb.watch.service import trajectory_message
 
 DEADLINE = 20.0
@@ -32,7 +33,7 @@ async def _take(call: Any, count: int) -> list[trajectory_pb2.Trajectory]:
 async def test_running_processor_streams_verdicts(tmp_path: Path) -> None:
     processor = Processor(config(tmp_path, policies=[str(policy_path())]))
     decided: list[dict[str, Any]] = []
-    processor.on_decided(lambda record, _t, _v: decided.append(record))
+    processor.on_decided(lambda d: decided.append(decided_record(d)))
     await processor.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{processor.grpc_port}")
     try:

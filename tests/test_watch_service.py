@@ -9,11 +9,15 @@ from typing import Any
 import grpc
 import pytest
 
-from otel_plumb.model import Step, Trajectory, Verdict
+from otel_plumb.model import Decided, Step, Trajectory, Verdict, trajectory_status
 from otel_plumb.proto_gen import watch_pb2, watch_pb2_grpc
-from otel_plumb.report.records import trajectory_record
+from otel_plumb.report.records import decided_record
 from otel_plumb.watch import VerdictHub
 from otel_plumb.watch.service import add_verdict_service
+
+
+def record_of(trajectory: Trajectory, verdicts: list[Verdict], policies: list[str]) -> dict[str, Any]:
+    return decided_record(Decided(trajectory, verdicts, policies, trajectory_status(trajectory, verdicts)))
 
 DEADLINE = 10.0
 
@@ -52,7 +56,7 @@ def _record(n: int, agent: str, policy: str, verdict: str) -> dict[str, Any]:
     )
     trajectory = Trajectory(key=trace_id, trace_ids=[trace_id], steps=[step], agent=agent, span_count=1)
     verdicts = [Verdict("no_refund", policy, verdict, "critical", 0, step.span_id, "checked", 0, n)]  # type: ignore[arg-type]
-    record = trajectory_record(trajectory, verdicts, [policy])
+    record = record_of(trajectory, verdicts, [policy])
     record["decision"] = "final"
     return record
 

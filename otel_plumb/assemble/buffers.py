@@ -22,17 +22,29 @@ class AssemblyLimits:
     max_wait_s: float = 300.0
     max_traces: int = 10_000
     max_spans_per_trace: int = 5_000
-    decided_cache_size: int = 100_000
     group_by: Literal["trace", "session"] = "trace"
     session_idle_timeout_s: float = 30.0
+    # Decided traces are remembered (their span ids) so that a resend of one of their spans is
+    # a duplicate, not a late span or a new trajectory: for this long (the Collector's exporter
+    # retries for up to 5 minutes by default), and for at most this many traces and spans.
+    decided_ttl_s: float = 300.0
+    decided_max_traces: int = 100_000
+    decided_max_spans: int = 1_000_000
 
 
 class AddOutcome(enum.Enum):
     ACCEPTED = "accepted"
+    # The same span (trace id and span id) was taken already: OTLP delivery is at-least-once.
+    DUPLICATE = "duplicate"
+    # The same ids as a span taken already, with other content: the first copy is kept.
+    CONFLICTING_DUPLICATE = "conflicting_duplicate"
     # The trace was decided already: the span is counted and forwarded, not assembled.
     LATE = "late"
     # Past max_spans_per_trace: forwarded, not assembled; the trajectory becomes incomplete.
     OVER_LIMIT = "over_limit"
+    # Not normalised (the intake's outcome; the assembler never sees such a span): forwarded
+    # unchecked, and its trajectory becomes incomplete.
+    UNREADABLE = "unreadable"
 
 
 @dataclass(slots=True)
@@ -60,12 +72,17 @@ class Finished:
 
 
 class _TraceBuffer:
-    __slots__ = ("first_seen", "has_root", "last_seen", "over_limit", "payloads", "session_id", "spans", "trace_id")
+    __slots__ = (
+        "fingerprints", "first_seen", "has_root", "last_seen", "over_limit", "payloads", "session_id", "spans",
+        "trace_id",
+    )  # fmt: skip
 
     def __init__(self, trace_id: str, now: float) -> None:
         self.trace_id = trace_id
         self.spans: list[NormalisedSpan] = []
         self.payloads: list[object] = []
+        # Every span id taken for this trace (over the limit too), with its content fingerprint.
+        self.fingerprints: dict[str, int] = {}
         self.first_seen = now
         self.last_seen = now
         self.has_root = False
@@ -76,6 +93,14 @@ class _TraceBuffer:
         """True when the spans hang from one top span (a root whose parent is remote)."""
         ids = {s.span_id for s in self.spans}
         return sum(1 for s in self.spans if s.parent_span_id not in ids) == 1
+
+
+class _DecidedTrace:
+    __slots__ = ("at", "fingerprints")
+
+    def __init__(self, at: float, fingerprints: dict[str, int]) -> None:
+        self.at = at
+        self.fingerprints = fingerprints
 
 
 class _SessionBuffer:
@@ -91,7 +116,8 @@ class Assembler:
         self.limits = limits or AssemblyLimits()
         self._traces: dict[str, _TraceBuffer] = {}  # insertion order = first seen
         self._by_activity: OrderedDict[str, None] = OrderedDict()  # least recently active first
-        self._decided: OrderedDict[str, None] = OrderedDict()
+        self._decided: OrderedDict[str, _DecidedTrace] = OrderedDict()  # oldest decision first
+        self._decided_spans = 0
         self._sessions: dict[str, _SessionBuffer] = {}
         self.spans_buffered = 0
 
@@ -106,11 +132,45 @@ class Assembler:
         buf = self._traces.get(trace_id)
         return buf.spans if buf is not None else []
 
-    def add(self, span: NormalisedSpan, payload: object, now: float) -> tuple[AddOutcome, list[Finished]]:
-        """Buffer one span. Returns what happened to it and any trace evicted to make room."""
+    @property
+    def decided_remembered(self) -> tuple[int, int]:
+        """Decided traces, and their spans, remembered for telling duplicates from new spans."""
+        return len(self._decided), self._decided_spans
+
+    def has_span(self, trace_id: str, span_id: str) -> bool:
+        """Was a span with these ids taken (in flight, or of a decided trace remembered)?"""
+        buf = self._traces.get(trace_id)
+        if buf is not None:
+            return span_id in buf.fingerprints
+        decided = self._decided.get(trace_id)
+        return decided is not None and span_id in decided.fingerprints
+
+    def seen(self, trace_id: str, span_id: str, fingerprint: int) -> AddOutcome | None:
+        """What ``add`` would say of a span without taking it: a duplicate, a late span of a
+        decided trace, or None for a span not seen before. Cheap: ask before normalising."""
+        buf = self._traces.get(trace_id)
+        if buf is not None:
+            known = buf.fingerprints.get(span_id)
+        else:
+            decided = self._decided.get(trace_id)
+            if decided is None:
+                return None
+            known = decided.fingerprints.get(span_id)
+            if known is None:
+                return AddOutcome.LATE
+        if known is None:
+            return None
+        return AddOutcome.DUPLICATE if known == fingerprint else AddOutcome.CONFLICTING_DUPLICATE
+
+    def add(
+        self, span: NormalisedSpan, payload: object, now: float, fingerprint: int = 0
+    ) -> tuple[AddOutcome, list[Finished]]:
+        """Buffer one span. Returns what happened to it and any trace evicted to make room.
+        ``fingerprint`` tells a resent copy of the span from another span with the same ids."""
         tid = span.trace_id
-        if tid in self._decided:
-            return AddOutcome.LATE, []
+        already = self.seen(tid, span.span_id, fingerprint)
+        if already is not None:
+            return already, []
         evicted: list[Finished] = []
         buf = self._traces.get(tid)
         if buf is None:
@@ -122,6 +182,7 @@ class Assembler:
         else:
             buf.last_seen = now
             self._by_activity.move_to_end(tid)
+        buf.fingerprints[span.span_id] = fingerprint
         if len(buf.spans) >= self.limits.max_spans_per_trace:
             buf.over_limit = True
             return AddOutcome.OVER_LIMIT, evicted
@@ -157,6 +218,7 @@ class Assembler:
         for tid in expired:
             out.extend(self._finish(tid, now, complete=False, reason="max_wait"))
         out.extend(self._due_sessions(now))
+        self._forget_decided(now)
         return out
 
     def drain(self, now: float) -> list[Finished]:
@@ -173,9 +235,9 @@ class Assembler:
         buf = self._traces.pop(tid)
         del self._by_activity[tid]
         self.spans_buffered -= len(buf.spans)
-        self._decided[tid] = None
-        if len(self._decided) > self.limits.decided_cache_size:
-            self._decided.popitem(last=False)
+        self._decided[tid] = _DecidedTrace(now, buf.fingerprints)
+        self._decided_spans += len(buf.fingerprints)
+        self._forget_decided(now)
         done = Finished(
             key=tid,
             spans=buf.spans,
@@ -195,6 +257,21 @@ class Assembler:
             session.last_seen = now
             return []
         return [done]
+
+    def _forget_decided(self, now: float) -> None:
+        """Past decided_ttl, or over the count bounds, the oldest decided traces are forgotten:
+        a span of theirs arriving after that starts a new trajectory."""
+        decided, limits = self._decided, self.limits
+        while decided:
+            oldest = next(iter(decided.values()))
+            if (
+                now - oldest.at < limits.decided_ttl_s
+                and len(decided) <= limits.decided_max_traces
+                and self._decided_spans <= limits.decided_max_spans
+            ):
+                return
+            decided.popitem(last=False)
+            self._decided_spans -= len(oldest.fingerprints)
 
     def _due_sessions(self, now: float) -> list[Finished]:
         timeout = self.limits.session_idle_timeout_s

@@ -13,10 +13,9 @@ import contextlib
 import logging
 from typing import Any
 
-from otel_plumb.assemble import Assembler, AssemblyLimits, build_trajectory
+from otel_plumb.assemble import build_trajectory
 from otel_plumb.model import Step, Trajectory
 from otel_plumb.model.trajectory import ARM, CASE_ID, TRIAL_ID, VARIANT_ID
-from otel_plumb.normalise import normalise
 
 log = logging.getLogger("otel_plumb.campaign")
 
@@ -117,7 +116,7 @@ class EmbeddedReceiver(TraceSource):
         })
         # The campaign checks trajectories itself, after adding the case's ground truth.
         self.processor = Processor(config, policies=[])
-        self.processor.on_decided(lambda _record, trajectory, _verdicts: self.matcher.offer(trajectory))
+        self.processor.on_decided(lambda decided: self.matcher.offer(decided.trajectory))
         self.grpc_endpoint: str | None = None
 
     async def start(self) -> None:
@@ -129,7 +128,7 @@ class EmbeddedReceiver(TraceSource):
         try:
             return await self.matcher.wait(trace_id, trial_id, deadline_s)
         except TraceMissing:
-            spans = self.processor.assembler.buffered_spans(trace_id)
+            spans = self.processor.intake.buffered_spans(trace_id)
             if not spans:
                 raise
             # Spans came but the trace never completed: an incomplete (indeterminate) trajectory.
@@ -152,17 +151,14 @@ class FileSource(TraceSource):
         self.read_errors: list[str] = []
 
     async def start(self) -> None:
-        from otel_plumb.receive.files import ReadError, read_files
+        from otel_plumb.replay import ReplayStats, iter_trajectories
 
-        assembler = Assembler(AssemblyLimits(max_traces=1 << 30))
-        for item in read_files(self.paths):
-            if isinstance(item, ReadError):
-                self.read_errors.append(str(item))
-                log.warning("unreadable trace data: %s", item)
-                continue
-            assembler.add(normalise(item), None, 0.0)
-        for done in assembler.drain(0.0):
-            self.matcher.offer(done.trajectory())
+        stats = ReplayStats()
+        for trajectory in iter_trajectories(self.paths, stats):
+            self.matcher.offer(trajectory)
+        for error in stats.errors:
+            self.read_errors.append(str(error))
+            log.warning("unreadable trace data: %s", error)
 
     async def trajectory(self, trace_id: str, trial_id: str, deadline_s: float) -> Trajectory:
         found = self.matcher.take(trace_id, trial_id)

@@ -30,10 +30,10 @@ from otel_plumb.campaign.config import CampaignError, Case, LoadedCampaign, load
 from otel_plumb.campaign.perturb import Variant, apply_steps, generate_variants
 from otel_plumb.campaign.runners import PROTOCOL, AgentError, Runner, TraceContext, make_runner
 from otel_plumb.campaign.store import Store, TrialRow
-from otel_plumb.check import CompiledPolicy, PolicyError, evaluate_all, load_policies
-from otel_plumb.model import Trajectory, trajectory_status
+from otel_plumb.check import CompiledPolicy, PolicyError, decide, load_policies
+from otel_plumb.model import Trajectory
 from otel_plumb.model.trajectory import ARM, CASE_ID, CONTEXT_PREFIX, TRIAL_ID, VARIANT_ID
-from otel_plumb.report.records import trajectory_record
+from otel_plumb.report.records import decided_record
 
 
 @dataclass(slots=True)
@@ -101,11 +101,11 @@ def judge(trajectory: Trajectory, trial: PlannedTrial, policies: Sequence[Compil
         attrs.setdefault(key, value)
     for key, value in trial.case.context.items():
         attrs.setdefault(CONTEXT_PREFIX + key, value)
-    verdicts = evaluate_all(policies, trajectory)
-    status = trajectory_status(trajectory, verdicts)
+    decided = decide(policies, trajectory)
+    verdicts, status = decided.verdicts, decided.status
     critical_ok = trajectory.complete and not any(
         v.severity == "critical" and v.verdict in ("fail", "indeterminate") for v in verdicts)
-    record = trajectory_record(trajectory, verdicts, [p.name for p in policies])
+    record = decided_record(decided)
     path = [[s.name, s.index, s.args if s.args_status == "captured" else None,
              arg_key(s.args if s.args_status == "captured" else None)]
             for s in trajectory.steps if s.kind == "tool" and s.succeeded]

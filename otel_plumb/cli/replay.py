@@ -1,21 +1,20 @@
 """``otel-plumb replay`` and ``otel-plumb coverage``: trace files offline.
 
-``replay`` reads the files (otel_plumb.replay), turns the trajectories into the report body
-with an ``Evaluate`` function (trajectories -> body dict; without policies
-``report_body([], ...)``: every trajectory unchecked), adds coverage, errors and inputs,
-writes the JSON and prints a short summary.
+``replay`` reads the files (otel_plumb.replay), decides every trajectory against the
+policies (without policies every trajectory is unchecked), builds the report body from the
+decisions, adds coverage, errors and inputs, writes the JSON and prints a short summary.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
 from typing import Any
 
 import click
 
+from otel_plumb.check import CompiledPolicy, decide
 from otel_plumb.cli.main import RunError
 from otel_plumb.cli.policy import load_policies_or_fail, print_verdicts, write_reports
 from otel_plumb.model import Step, Trajectory
@@ -30,20 +29,15 @@ SHOWN_TRAJECTORIES = 20
 SHOWN_ERRORS = 10
 PATH_WIDTH = 110
 
-Evaluate = Callable[[Sequence[Trajectory]], dict[str, Any]]
 
-
-# The report body without policies: every trajectory, unchecked.
-unchecked_report: Evaluate = partial(json_report.report_body, [])
-
-
-def build_report(
-    result: ReplayResult, evaluate: Evaluate = unchecked_report, task_attributes: Sequence[str] = ()
-) -> dict[str, Any]:
-    """``task_attributes``: the policies' task keys, so coverage counts trajectories without one."""
+def build_report(result: ReplayResult, policies: Sequence[CompiledPolicy] = ()) -> dict[str, Any]:
+    """The report of a replay: every trajectory decided against ``policies``, coverage (which
+    counts the trajectories without the policies' task keys), errors and inputs."""
+    decided = [decide(policies, t) for t in result.trajectories]
+    tasks = [p.task_attribute for p in policies if p.task_attribute]
     report = json_report.build_report(
-        evaluate(result.trajectories),
-        coverage_report(result.trajectories, result.stats, task_attributes),
+        json_report.report_body(policies, decided),
+        coverage_report(result.trajectories, result.stats, tasks),
         [e.record() for e in result.errors],
     )
     report["errors_total"] = result.stats.errors_total
@@ -67,9 +61,13 @@ def check_inputs(files: Sequence[str]) -> None:
 
 
 def check_something_read(stats: ReplayStats) -> None:
-    if stats.nothing_read:
+    """No span read at all is a run that could not be done (exit 2), never an empty pass."""
+    if stats.spans:
+        return
+    if stats.errors_total:
         first = "; ".join(str(e) for e in stats.errors[:3])
         raise RunError(f"no spans could be read from the input ({stats.errors_total} errors): {first}")
+    raise RunError("no spans in the input: " + ", ".join(f.path for f in stats.files))
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
@@ -124,8 +122,7 @@ def replay(
     check_inputs(files)
     result = run_replay(files, group_by=group_by)
     check_something_read(result.stats)
-    tasks = [p.task_attribute for p in policies if p.task_attribute]
-    report = build_report(result, partial(json_report.report_body, policies), tasks)
+    report = build_report(result, policies)
     if json_out:
         write_json(json_out, report)
     write_reports(report, html_out, junit_out)
@@ -203,13 +200,14 @@ def _print_coverage(cov: dict[str, Any]) -> None:
 
 
 def trajectory_line(t: Trajectory) -> str:
-    """One compact line: trace, agent, state, and the tool path (failed calls marked)."""
+    """One compact line: task key and trace, agent, state, and the tool path (failed calls marked)."""
     who = t.agent or t.service or "-"
     state = "complete" if t.complete else f"incomplete: {t.incomplete_reason}"
     path = " > ".join(_tool_label(s) for s in t.tool_steps) or "(no tool calls)"
     if len(path) > PATH_WIDTH:
         path = path[: PATH_WIDTH - 3] + "..."
-    return f"{t.trace_id[:16]}  {who}  {len(t.steps)} steps, {state}  {path}"
+    key = "" if t.key == t.trace_id else f"{t.key} "
+    return f"{key}{t.trace_id[:16]}  {who}  {len(t.steps)} steps, {state}  {path}"
 
 
 def _tool_label(step: Step) -> str:

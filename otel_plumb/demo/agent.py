@@ -115,7 +115,9 @@ def run_invoice(tracer: trace.Tracer, invoice: Invoice, run_id: str = "") -> str
                     "gen_ai.tool.call.id": call_id,
                     "gen_ai.tool.call.arguments": json.dumps(args),
                     "gen_ai.tool.call.result": json.dumps(answers[tool]),
-                    # As a baggage span processor would copy it: the case is known on every span.
+                    # As a baggage span processor would copy them: the case and the business key
+                    # are known on every span, so early verdicts name the invoice too.
+                    "invoice.id": invoice.invoice_id,
                     "plumb.case.id": invoice.invoice_id,
                 },
             ) as span:

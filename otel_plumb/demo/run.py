@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from otel_plumb.check import CompiledPolicy, load_policies
 from otel_plumb.demo.agent import INVOICES, run_all
 from otel_plumb.demo.backend import OtlpBackend
-from otel_plumb.model import Trajectory, Verdict
+from otel_plumb.model import Decided
 from otel_plumb.processor import Processor, load_config
 from otel_plumb.report import html
 from otel_plumb.report.coverage import coverage_report
@@ -36,7 +36,9 @@ def policy_path() -> Path:
 
 
 def _case(record: dict[str, Any]) -> str:
-    return str(record.get("case_id") or record["trace_id"][:12])
+    """The task key (the invoice id) with the trace it came from."""
+    key, trace = str(record["key"]), str(record["trace_id"])
+    return trace[:12] if key == trace else f"{key} (trace {trace[:8]})"
 
 
 def _line(record: dict[str, Any]) -> str:
@@ -44,7 +46,9 @@ def _line(record: dict[str, Any]) -> str:
     if record.get("decision") == "early":
         v = fails[0]
         return f"  EARLY {_case(record)}  {v['invariant']} ({v['severity']}): {v['message']}"
-    label = {"conformant": "PASS ", "violating": "FAIL ", "indeterminate": "UNSURE"}[record["status"]]
+    label = {"conformant": "PASS ", "violating": "FAIL ", "indeterminate": "UNSURE", "unchecked": "-    "}[
+        record["status"]
+    ]
     detail = ", ".join(f"{v['invariant']} ({v['severity']})" for v in fails) or f"{len(record['steps'])} steps"
     return f"  {label} {_case(record)}  {record['status']:<13} {detail}"
 
@@ -68,12 +72,8 @@ async def run_demo(out_dir: Path, say: Callable[[str], None] = print, rounds: in
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     processor = Processor(config, policies)
-    trajectories: list[Trajectory] = []
-
-    def decided(record: dict[str, Any], trajectory: Trajectory, _verdicts: list[Verdict]) -> None:
-        trajectories.append(trajectory)
-
-    processor.on_decided(decided)
+    decisions: list[Decided] = []
+    processor.on_decided(decisions.append)
     watch = processor.hub.subscribe()
     await processor.start()
     metrics_url = f"http://127.0.0.1:{processor.metrics_port}/metrics"
@@ -104,7 +104,7 @@ async def run_demo(out_dir: Path, say: Callable[[str], None] = print, rounds: in
     started = time.monotonic()
     await asyncio.to_thread(agent)
     deadline = time.monotonic() + 20
-    while len(trajectories) < runs and time.monotonic() < deadline:
+    while len(decisions) < runs and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     scraped = await asyncio.to_thread(_scrape, metrics_url)
     await processor.stop()
@@ -119,14 +119,14 @@ async def run_demo(out_dir: Path, say: Callable[[str], None] = print, rounds: in
         if a.key == "plumb.verdict" and a.value.string_value == "violating"
     )
     say(
-        f"decided {len(trajectories)} trajectories in {time.monotonic() - started:.1f}s; the backend received "
+        f"decided {len(decisions)} trajectories in {time.monotonic() - started:.1f}s; the backend received "
         f"{backend.span_count} spans, {marked} root spans marked plumb.verdict=violating"
     )
     say("metrics (scraped before shutdown):")
     for line in scraped.splitlines():
         if line.startswith(("plumb_violations_total", "plumb_trajectories_total")):
             say(f"  {line}")
-    report = build_report(report_body(policies, trajectories), coverage_report(trajectories))
+    report = build_report(report_body(policies, decisions), coverage_report([d.trajectory for d in decisions]))
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
     (out_dir / "report.html").write_text(html.render(report, title="otel-plumb demo"), encoding="utf-8")
     say(f"report: {out_dir / 'report.json'} and {out_dir / 'report.html'}")

@@ -3,6 +3,7 @@
 Plain classes with ``__slots__``: these are on the hot path and never validated by pydantic.
 """
 
+from otel_plumb.model.decided import Decided, DecisionKind
 from otel_plumb.model.span import SpanEvent, SpanRecord
 from otel_plumb.model.trajectory import (
     RESERVED_PREFIX,
@@ -27,6 +28,8 @@ __all__ = [
     "RESERVED_PREFIX",
     "SEVERITIES",
     "CaptureStatus",
+    "Decided",
+    "DecisionKind",
     "NormalisedSpan",
     "RequestedCall",
     "Severity",

@@ -10,7 +10,7 @@ from otel_plumb.model.trajectory import Trajectory
 
 VerdictValue = Literal["pass", "fail", "not_applicable", "indeterminate"]
 Severity = Literal["critical", "high", "medium", "low"]
-TrajectoryStatus = Literal["violating", "indeterminate", "conformant"]
+TrajectoryStatus = Literal["violating", "indeterminate", "conformant", "unchecked"]
 
 SEVERITIES: tuple[Severity, ...] = ("critical", "high", "medium", "low")
 
@@ -35,9 +35,12 @@ def severity_at_least(severity: Severity, floor: Severity) -> bool:
     return SEVERITIES.index(severity) <= SEVERITIES.index(floor)
 
 
-def trajectory_status(trajectory: Trajectory, verdicts: Iterable[Verdict]) -> TrajectoryStatus:
+def trajectory_status(trajectory: Trajectory, verdicts: Iterable[Verdict], checked: bool = True) -> TrajectoryStatus:
     """Violating if anything fails, else indeterminate if anything is indeterminate or the
-    trajectory is incomplete, else conformant. Missing data is never a pass."""
+    trajectory is incomplete, else conformant; unchecked when no policy applied to it
+    (``checked`` False). Missing data is never a pass."""
+    if not checked:
+        return "unchecked"
     values = {v.verdict for v in verdicts}
     if "fail" in values:
         return "violating"

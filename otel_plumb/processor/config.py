@@ -86,6 +86,12 @@ class AssemblyConfig(_Model):
     session_idle_timeout: Seconds = 30.0
     # How often buffered traces are looked at; bounds the decision delay beyond idle_timeout.
     tick: Seconds = Field(default=0.1, gt=0)
+    # Decided traces are remembered this long (and up to these counts) so that a resent span
+    # of theirs is dropped as a duplicate instead of becoming a new trajectory. The default
+    # covers the Collector exporter's retry window (max_elapsed_time 5m).
+    decided_ttl: Seconds = 300.0
+    decided_max_traces: int = Field(default=100_000, ge=1)
+    decided_max_spans: int = Field(default=1_000_000, ge=1)
 
 
 class RetryConfig(_Model):

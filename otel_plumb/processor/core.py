@@ -18,30 +18,36 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 import grpc
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from otel_plumb.assemble import AddOutcome, Assembler, AssemblyLimits, Finished, build_trajectory
-from otel_plumb.check import CompiledPolicy, load_policies
+from otel_plumb.assemble import AddOutcome, AssemblyLimits, Finished, build_trajectory
+from otel_plumb.check import CompiledPolicy, decide, load_policies
 from otel_plumb.export.annotate import Origin, Payload, annotate, encode_requests, verdict_span_request
 from otel_plumb.export.metrics import Metrics, metrics_app
 from otel_plumb.export.otlp import OtlpExporter
 from otel_plumb.export.verdict_log import VerdictLog
-from otel_plumb.model import Trajectory, Verdict, trajectory_status
-from otel_plumb.normalise import normalise
+from otel_plumb.intake import Intake, Source
+from otel_plumb.model import Decided, Verdict
 from otel_plumb.processor.config import ProcessorConfig, parse_hostport
+from otel_plumb.processor.consumers import (
+    CallbackConsumer,
+    DecidedCallback,
+    Decision,
+    DecisionConsumer,
+    HubConsumer,
+    LogConsumer,
+    MetricsConsumer,
+    VerdictLogConsumer,
+)
 from otel_plumb.receive import grpc_server, http_server
 from otel_plumb.receive.otlp import attributes, span_record
 from otel_plumb.receive.sink import IngestResult, Throttled
-from otel_plumb.report.records import trajectory_record
 from otel_plumb.watch import VerdictHub
 
 log = logging.getLogger("otel_plumb.processor")
-
-DecidedCallback = Callable[[dict[str, Any], Trajectory, list[Verdict]], None]
 
 
 def load_policy_files(paths: Sequence[str]) -> list[CompiledPolicy]:
@@ -57,7 +63,7 @@ class Processor:
         # invariant can fail early.
         self._early_checks = any(inv.early for p in self.policies for inv in p.invariants)
         a = config.assembly
-        self.assembler = Assembler(
+        self.intake = Intake(
             AssemblyLimits(
                 idle_timeout_s=a.idle_timeout,
                 max_wait_s=a.max_wait,
@@ -65,6 +71,9 @@ class Processor:
                 max_spans_per_trace=a.max_spans_per_trace,
                 group_by=a.group_by,
                 session_idle_timeout_s=a.session_idle_timeout,
+                decided_ttl_s=a.decided_ttl,
+                decided_max_traces=a.decided_max_traces,
+                decided_max_spans=a.decided_max_spans,
             )
         )
         self.hub = VerdictHub()
@@ -75,7 +84,15 @@ class Processor:
         self._annotate = config.exporters.otlp is not None and config.exporters.otlp.mode == "annotate"
         self._batch_spans = config.exporters.otlp.queue.batch_spans if config.exporters.otlp else 2048
         self._verdict_log = VerdictLog(config.verdict_log.path) if config.verdict_log.path else None
-        self._callbacks: list[DecidedCallback] = []
+        self._callbacks = CallbackConsumer()
+        # Every decision goes to each of these, in order: counted, logged, recorded, streamed,
+        # handed to callbacks, exported.
+        self.consumers: list[DecisionConsumer] = [MetricsConsumer(self.metrics), LogConsumer()]
+        if self._verdict_log is not None:
+            self.consumers.append(VerdictLogConsumer(self._verdict_log))
+        self.consumers += [HubConsumer(self.hub), self._callbacks]
+        if self.exporter is not None:
+            self.consumers.append(_ExportConsumer(self))
         # Per trace in flight: when its last span arrived (decision latency), and which
         # early failures were already reported (so they are reported and counted once).
         self._last_arrival: dict[str, float] = {}
@@ -104,10 +121,10 @@ class Processor:
         return self._started and not self._stopping
 
     def on_decided(self, callback: DecidedCallback) -> Callable[[], None]:
-        """Call ``callback(record, trajectory, verdicts)`` for every decided trajectory; returns
-        a function that removes it. Runs on the processor's loop: keep it quick."""
-        self._callbacks.append(callback)
-        return lambda: self._callbacks.remove(callback)
+        """Call ``callback(decided)`` for every final decision; returns a function that removes
+        it. Runs on the processor's loop: keep it quick."""
+        self._callbacks.callbacks.append(callback)
+        return lambda: self._callbacks.callbacks.remove(callback)
 
     async def start(self) -> None:
         cfg = self.config
@@ -186,7 +203,7 @@ class Processor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._tick_task
         async with self._decide_lock:
-            await self._decide(self.assembler.drain(time.monotonic()))
+            await self._decide(self.intake.drain(time.monotonic()))
         flushed = True
         if self.exporter is not None:
             flushed = await self.exporter.flush(max(0.0, deadline - time.monotonic()))
@@ -212,7 +229,7 @@ class Processor:
         retry_after = self.config.receivers.retry_after
         if self._stopping or not self._started:
             raise Throttled(retry_after, "otel-plumb is shutting down", overloaded=False)
-        if self.assembler.spans_buffered + self._incoming >= self.config.receivers.max_buffered_spans:
+        if self.intake.spans_buffered + self._incoming >= self.config.receivers.max_buffered_spans:
             raise Throttled(retry_after, "otel-plumb is at its limit of buffered spans; retry later")
         if self.exporter is not None and self.exporter.full:
             raise Throttled(retry_after, "otel-plumb export queue is full; retry later")
@@ -232,11 +249,37 @@ class Processor:
                     # are queued for export.
                     journal_id = await self.exporter.journal(raw or request.SerializeToString())
                 else:
-                    # Passthrough: forwarded as received before anything else; the verdict follows.
-                    await self.exporter.submit([(raw or request.SerializeToString(), count)])
+                    # Passthrough: forwarded as received before anything else (resent spans left
+                    # out); the verdict follows.
+                    forward = self._without_resent(request)
+                    if forward is not None:
+                        await self.exporter.submit([(forward.SerializeToString(), _span_count(forward))])
+                    else:
+                        await self.exporter.submit([(raw or request.SerializeToString(), count)])
             return await self._take(request, receiver, journal_id)
         finally:
             self._incoming -= count
+
+    def _without_resent(self, request: ExportTraceServiceRequest) -> ExportTraceServiceRequest | None:
+        """A copy of the request without the spans taken before (or twice in it); None when
+        there are none, the usual case."""
+        seen: set[tuple[bytes, bytes]] = set()
+        resent: list[tuple[int, int, int]] = []
+        has_span = self.intake.has_span
+        for i, rs in enumerate(request.resource_spans):
+            for j, ss in enumerate(rs.scope_spans):
+                for k, span in enumerate(ss.spans):
+                    ids = (span.trace_id, span.span_id)
+                    if ids in seen or has_span(span.trace_id.hex(), span.span_id.hex()):
+                        resent.append((i, j, k))
+                    seen.add(ids)
+        if not resent:
+            return None
+        copy = ExportTraceServiceRequest()
+        copy.CopyFrom(request)
+        for i, j, k in reversed(resent):
+            del copy.resource_spans[i].scope_spans[j].spans[k]
+        return copy
 
     async def _take(
         self,
@@ -247,14 +290,16 @@ class Processor:
     ) -> IngestResult:
         """Normalise and buffer every span of a request (but those of ``skip_traces``)."""
         now = time.monotonic()
-        accepted = rejected = 0
+        taken = rejected = resent = 0
         # Forwarded unchecked: spans of decided traces (late), and spans of traces still in flight
         # (over the span limit, unreadable) whose other spans must still be replayable.
         late: list[Payload] = []
         unchecked: list[Payload] = []
         touched: dict[str, bool] = {}
-        finished: list[Finished] = []
         early_checks = self._early_checks
+        intake = self.intake
+        source = Source(f"request on {receiver}")
+        counted = self.metrics.spans_dropped
         for rs in request.resource_spans:
             resource = attributes(rs.resource.attributes)
             for ss in rs.scope_spans:
@@ -263,46 +308,65 @@ class Processor:
                 for span in ss.spans:
                     if len(span.trace_id) != 16 or len(span.span_id) != 8:
                         rejected += 1
+                        # What else of its trace the rejected span held is unknown: the
+                        # trajectories it may belong to are incomplete.
+                        valid_trace = len(span.trace_id) == 16
+                        intake.unreadable(
+                            source, "a span without a valid trace_id/span_id was rejected",
+                            span.trace_id.hex() if valid_trace else None,
+                        )  # fmt: skip
                         continue
                     if skip_traces and span.trace_id in skip_traces:
                         continue
-                    accepted += 1
+                    payload: Payload = (span, origin, span.span_id.hex(), journal_id)
                     try:
-                        normalised = normalise(span_record(span, resource, scope_name))
-                    except Exception:  # a span nobody can read is still forwarded, never lost
-                        log.exception("cannot read span %s; forwarding it unchecked", span.span_id.hex())
-                        self.metrics.spans_unchecked.labels("unreadable").inc()
-                        unchecked.append((span, origin, span.span_id.hex(), journal_id))
-                        continue
-                    payload: Payload = (span, origin, normalised.span_id, journal_id)
-                    outcome, evicted = self.assembler.add(normalised, payload, now)
-                    finished.extend(evicted)
+                        record = span_record(span, resource, scope_name)
+                    except Exception as exc:  # a span nobody can decode is still forwarded, never lost
+                        log.warning("cannot decode span %s; forwarding it unchecked: %s", payload[2], exc)
+                        intake.unreadable(source, f"span {payload[2]} could not be decoded: {exc}", span.trace_id.hex())
+                        outcome, normalised = AddOutcome.UNREADABLE, None
+                    else:
+                        outcome, normalised = intake.add(record, payload, now, source)
                     if outcome is AddOutcome.ACCEPTED:
+                        taken += 1
+                        assert normalised is not None
                         tid = normalised.trace_id
                         self._last_arrival[tid] = now
                         if normalised.parent_span_id is None:
                             self._rooted.add(tid)
                         if early_checks:
                             touched[tid] = touched.get(tid, False) or normalised.kind != "other"
+                    elif outcome is AddOutcome.DUPLICATE or outcome is AddOutcome.CONFLICTING_DUPLICATE:
+                        # Not lost: the first copy went on. Neither a second step nor sent twice.
+                        resent += 1
+                        counted.labels(outcome.value).inc()
                     else:
+                        taken += 1
                         self.metrics.spans_unchecked.labels(outcome.value).inc()
                         (late if outcome is AddOutcome.LATE else unchecked).append(payload)
-        if journal_id and accepted:  # counted per request, not per span
-            self._journal_pending[journal_id] = self._journal_pending.get(journal_id, 0) + accepted
-        if accepted:
-            self.metrics.spans_received.labels(receiver).inc(accepted)
+        if journal_id and taken:  # counted per request, not per span
+            self._journal_pending[journal_id] = self._journal_pending.get(journal_id, 0) + taken
+        if taken or resent:
+            self.metrics.spans_received.labels(receiver).inc(taken + resent)
         if rejected:
-            self.metrics.spans_dropped.labels("malformed").inc(rejected)
-        self.metrics.traces_in_flight.set(self.assembler.traces_in_flight)
+            counted.labels("malformed").inc(rejected)
+        self.metrics.traces_in_flight.set(intake.traces_in_flight)
+        early: list[Decision] = []
         if early_checks:
             for tid, has_steps in touched.items():
                 # Once the root span (which ends last) is in, the full verdict is one idle_timeout
                 # away: early checks are for trajectories still running.
-                if has_steps and tid not in self._rooted and not self.assembler.is_decided(tid):
-                    self._early_check(tid)
-        if finished:
+                if has_steps and tid not in self._rooted and not intake.is_decided(tid):
+                    found = self._early_check(tid)
+                    if found is not None:
+                        early.append(found)
+        finished = intake.ready()
+        if early or finished:
             async with self._decide_lock:
-                await self._decide(finished)
+                if early:
+                    await self._consume(early)
+                if finished:
+                    await self._decide(finished)
         if late and self._annotate:
             await self._submit(late)
         if unchecked and self._annotate:
@@ -314,13 +378,14 @@ class Processor:
 
     # ---- check ---------------------------------------------------------------------------------
 
-    def _early_check(self, trace_id: str) -> None:
-        """Report certain failures (never_call, precedes, call_count max, budget) on a trace
-        still in flight, once each; the full evaluation follows at completion."""
-        spans = self.assembler.buffered_spans(trace_id)
+    def _early_check(self, trace_id: str) -> Decision | None:
+        """Failures already certain (never_call, precedes, call_count max, budget) on a trace
+        still in flight, each reported once; the full evaluation follows at completion."""
+        spans = self.intake.buffered_spans(trace_id)
         partial = build_trajectory(trace_id, spans, complete=False, incomplete_reason="in_flight")
         new: list[Verdict] = []
         reported = self._early.setdefault(trace_id, set())
+        applied: list[str] = []
         for policy in self.policies:
             if not policy.applies_to(partial):
                 continue
@@ -328,82 +393,37 @@ class Processor:
                 if (v.policy, v.invariant) not in reported:
                     reported.add((v.policy, v.invariant))
                     new.append(v)
+                    if policy.name not in applied:
+                        applied.append(policy.name)
+            task = policy.task_id(partial)
+            if task is not None and partial.key == trace_id:
+                partial.key = task
         if not reported:
             del self._early[trace_id]
         if not new:
-            return
-        exemplar = {"trace_id": trace_id}
-        for v in new:
-            self.metrics.violations.labels(v.policy, v.invariant, v.severity).inc(exemplar=exemplar)
-            log.info(
-                "early verdict: trace %s violates %s/%s (%s) at step %s: %s",
-                trace_id, v.policy, v.invariant, v.severity, v.step_index, v.message,
-            )
-        record = trajectory_record(partial, new, sorted({v.policy for v in new}))
-        record["decision"] = "early"
-        self.hub.publish(record)
-
-    def _evaluate(self, trajectory: Trajectory) -> tuple[list[str], list[Verdict]]:
-        names: list[str] = []
-        verdicts: list[Verdict] = []
-        for policy in self.policies:
-            if policy.applies_to(trajectory):
-                names.append(policy.name)
-                verdicts.extend(policy.evaluate(trajectory))
-        return names, verdicts
+            return None
+        return Decision(Decided(partial, new, applied, "violating", "early"))
 
     async def _decide(self, finished: Iterable[Finished]) -> None:
-        """Check, record and export each finished trajectory."""
-        out: list[Payload] = []
-        verdict_spans: list[ExportTraceServiceRequest] = []
+        """Check each finished trajectory and hand the decisions to every consumer."""
         now = time.monotonic()
+        decisions: list[Decision] = []
         for f in finished:
-            trajectory = f.trajectory()
-            names, verdicts = self._evaluate(trajectory)
-            status = trajectory_status(trajectory, verdicts)
+            decided = decide(self.policies, self.intake.trajectory(f))
             last = max((self._last_arrival.pop(t, f.first_seen) for t in f.trace_ids), default=f.first_seen)
             early: set[tuple[str, str]] = set()
             for t in f.trace_ids:
                 early |= self._early.pop(t, set())
                 self._rooted.discard(t)
-            new_failures = [v for v in verdicts if v.verdict == "fail" and (v.policy, v.invariant) not in early]
-            self.metrics.record_trajectory(trajectory, new_failures, verdicts, status, names, now - last)
-            self.trajectories_decided += 1
-            # The record is built only when someone reads it (it costs as much as a check).
-            # (VerdictHub has no public "anyone listening?": its subscriber set is read directly.)
-            if self._verdict_log is not None or self._callbacks or self.hub.has_subscribers:
-                record = trajectory_record(trajectory, verdicts, names)
-                record["decision"] = "final"
-                if self._verdict_log is not None:
-                    self._verdict_log.write(record)
-                self.hub.publish(record)
-                for callback in list(self._callbacks):
-                    try:
-                        callback(record, trajectory, verdicts)
-                    except Exception:
-                        log.exception("on_decided callback failed")
-            if status == "violating":
-                failed = sorted({f"{v.policy}/{v.invariant}" for v in verdicts if v.verdict == "fail"})
-                log.info("verdict: trace %s %s (%s)", trajectory.trace_id, status, ", ".join(failed))
-            else:
-                log.debug("verdict: trace %s %s", trajectory.trace_id, status)
-            if self.exporter is None:
-                continue
-            if self._annotate:
-                payloads: list[Payload] = f.payloads  # type: ignore[assignment]
-                annotate(payloads, trajectory, status, names, verdicts)
-                out.extend(payloads)
-            elif trajectory.trace_id:
-                verdict_spans.append(verdict_span_request(trajectory, status, names, verdicts))
-        self.metrics.flush()
-        if self._verdict_log is not None:
-            self._verdict_log.flush()
-        self.metrics.traces_in_flight.set(self.assembler.traces_in_flight)
-        if out:
-            await self._submit(out)
-        if verdict_spans:
-            assert self.exporter is not None
-            await self.exporter.submit([(request.SerializeToString(), 1) for request in verdict_spans])
+            new_failures = [v for v in decided.failures if (v.policy, v.invariant) not in early]
+            decisions.append(Decision(decided, f.payloads, now - last, new_failures))
+        self.trajectories_decided += len(decisions)
+        self.metrics.traces_in_flight.set(self.intake.traces_in_flight)
+        await self._consume(decisions)
+
+    async def _consume(self, decisions: list[Decision]) -> None:
+        for consumer in self.consumers:
+            await consumer.consume(decisions)
 
     async def _submit(self, payloads: list[Payload], whole_traces: bool = True) -> None:
         """Queue spans for export, and in the same transaction release the journaled requests
@@ -440,12 +460,40 @@ class Processor:
         while True:
             await asyncio.sleep(interval)
             try:
-                finished = self.assembler.due(time.monotonic())
+                finished = self.intake.due(time.monotonic())
                 if finished:
                     async with self._decide_lock:
                         await self._decide(finished)
             except Exception:
                 log.exception("deciding trajectories failed")
+
+
+class _ExportConsumer:
+    """Annotate mode: the trajectory's spans go out with the verdict annotations. Passthrough:
+    the spans went out as received; the verdict follows as one small span in the trace."""
+
+    def __init__(self, processor: Processor) -> None:
+        self.processor = processor
+
+    async def consume(self, decisions: Sequence[Decision]) -> None:
+        p = self.processor
+        assert p.exporter is not None
+        out: list[Payload] = []
+        verdict_spans: list[ExportTraceServiceRequest] = []
+        for d in decisions:
+            decided = d.decided
+            if decided.decision != "final":
+                continue
+            t = decided.trajectory
+            if p._annotate:
+                annotate(d.payloads, t, decided.status, decided.policies, decided.verdicts)
+                out.extend(d.payloads)
+            elif t.trace_id:
+                verdict_spans.append(verdict_span_request(t, decided.status, decided.policies, decided.verdicts))
+        if out:
+            await p._submit(out)
+        if verdict_spans:
+            await p.exporter.submit([(request.SerializeToString(), 1) for request in verdict_spans])
 
 
 def _span_count(request: ExportTraceServiceRequest) -> int:

@@ -78,6 +78,8 @@ class ReadError:
     message: str
     line: int | None = None
     offset: int | None = None
+    # The trace the unreadable data belonged to, when the reader could still tell.
+    trace_id: str | None = None
 
     @property
     def location(self) -> str:
@@ -404,7 +406,8 @@ def _request_records(
         for record, _ in resource_spans_records(rs):
             if len(record.trace_id) != 32 or len(record.span_id) != 16:
                 message = f"span {record.name!r} has an invalid trace or span id ({record.trace_id!r})"
-                out.append(ReadError(name, message, line, offset))
+                trace_id = record.trace_id if len(record.trace_id) == 32 else None
+                out.append(ReadError(name, message, line, offset, trace_id))
             else:
                 out.append(record)
     return out

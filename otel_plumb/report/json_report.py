@@ -17,29 +17,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from otel_plumb.check import CompiledPolicy
-from otel_plumb.model import SEVERITIES, Severity, Trajectory, Verdict, severity_at_least
-from otel_plumb.report.records import trajectory_record
+from otel_plumb.model import SEVERITIES, Decided, Severity, severity_at_least
+from otel_plumb.report.records import decided_record
 from otel_plumb.stats import rate
 
 REPORT_VERSION = "1"
 VERDICTS = ("pass", "fail", "not_applicable", "indeterminate")
 
 
-def check_trajectories(policies: Sequence[CompiledPolicy], trajectories: Iterable[Trajectory]) -> list[dict[str, Any]]:
-    """Evaluate every applicable policy on every trajectory: the report's ``trajectories[]``."""
-    records = []
-    for t in trajectories:
-        applied = [p for p in policies if p.applies_to(t)]
-        verdicts: list[Verdict] = []
-        for p in applied:
-            verdicts.extend(p.evaluate(t))
-        records.append(trajectory_record(t, verdicts, [p.name for p in applied]))
-    return records
-
-
-def report_body(policies: Sequence[CompiledPolicy], trajectories: Iterable[Trajectory]) -> dict[str, Any]:
-    """Everything but coverage and errors (which come from reading the input)."""
-    records = check_trajectories(policies, trajectories)
+def report_body(policies: Sequence[CompiledPolicy], decided: Iterable[Decided]) -> dict[str, Any]:
+    """Everything but coverage and errors (which come from reading the input), from trajectories
+    decided against ``policies`` (``check.decide``): nothing is checked again here."""
+    records = [decided_record(d) for d in decided]
     return {
         "policies": [policy_record(p) for p in policies],
         "trajectories": records,

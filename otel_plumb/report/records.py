@@ -1,4 +1,4 @@
-"""One decided trajectory as a plain JSON-ready dict.
+"""One decided trajectory (``model.Decided``) as a plain JSON-ready dict.
 
 The one shape used by report JSON (``trajectories[]``), the JSONL verdict log, the Watch
 stream and the campaign store, so every consumer reads the same field names.
@@ -6,10 +6,9 @@ stream and the campaign store, so every consumer reads the same field names.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from typing import Any
 
-from otel_plumb.model import Step, Trajectory, Verdict, trajectory_status
+from otel_plumb.model import Decided, Step, Verdict
 
 
 def step_record(step: Step) -> dict[str, Any]:
@@ -50,20 +49,20 @@ def verdict_record(v: Verdict) -> dict[str, Any]:
     }
 
 
-def trajectory_record(
-    trajectory: Trajectory, verdicts: Sequence[Verdict] = (), policies: Iterable[str] = ()
-) -> dict[str, Any]:
+def decided_record(decided: Decided) -> dict[str, Any]:
+    trajectory = decided.trajectory
     return {
         "trace_id": trajectory.trace_id,
         "trace_ids": list(trajectory.trace_ids),
         "key": trajectory.key,
+        "decision": decided.decision,
         "service": trajectory.service,
         "agent": trajectory.agent,
         "session_id": trajectory.session_id,
-        "status": trajectory_status(trajectory, verdicts),
+        "status": decided.status,
         "complete": trajectory.complete,
         "incomplete_reason": trajectory.incomplete_reason,
-        "policies": list(policies),
+        "policies": list(decided.policies),
         "case_id": trajectory.case_id,
         "variant_id": trajectory.variant_id,
         "trial_id": trajectory.trial_id,
@@ -73,6 +72,6 @@ def trajectory_record(
         "end_time_unix_nano": trajectory.end_ns,
         "span_count": trajectory.span_count,
         "steps": [step_record(s) for s in trajectory.steps],
-        "verdicts": [verdict_record(v) for v in verdicts],
+        "verdicts": [verdict_record(v) for v in decided.verdicts],
         "problems": list(trajectory.problems),
     }

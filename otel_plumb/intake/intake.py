@@ -1,0 +1,173 @@
+"""The intake: decoded spans -> normalised, de-duplicated, buffered; due traces -> trajectories.
+
+At-least-once delivery is the norm for OTLP (SDK exporters and the Collector resend a batch
+whose acknowledgement was lost; the processor's journal replays requests after a crash), so a
+span seen again, by (trace id, span id), is a duplicate: it is neither a second step nor
+forwarded a second time. A trace whose data could not all be read (a span that could not be
+normalised, an unreadable region of a file or request that held its spans) becomes an
+incomplete trajectory with the reason, so checks that need what is missing say indeterminate.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from otel_plumb.assemble import AddOutcome, Assembler, AssemblyLimits, Finished
+from otel_plumb.model import NormalisedSpan, SpanRecord, Trajectory
+from otel_plumb.normalise import normalise
+
+# Incomplete reasons set here (the assembler and build_trajectory set the others).
+UNREADABLE_SPAN = "unreadable_span"
+UNREADABLE_INPUT = "unreadable_input"
+# Traces with marks kept at once; past this the oldest marks go (they belong to traces long
+# decided: a mark is read when its trace is).
+MAX_MARKED_TRACES = 100_000
+# Problem lines kept per trace.
+MAX_PROBLEMS_PER_TRACE = 20
+
+
+def fingerprint(span: SpanRecord) -> int:
+    """What tells a resent copy of a span from a different span with the same ids. Cheap on
+    purpose (it runs for every span): name, times, status, attribute keys and event count."""
+    return hash(
+        (span.name, span.start_ns, span.end_ns, span.status_code, span.status_message, tuple(span.attributes),
+         len(span.events))
+    )  # fmt: skip
+
+
+class Source:
+    """Where spans came from: a file, a request. When part of it cannot be read and nothing says
+    which trace that part held, every trace it fed (before and after) is marked incomplete."""
+
+    __slots__ = ("label", "trace_ids", "unreadable")
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.trace_ids: set[str] = set()
+        self.unreadable: str | None = None
+
+
+@dataclass(slots=True)
+class IntakeCounts:
+    """Spans by what happened to them (duplicates are not lost: the first copy went on)."""
+
+    accepted: int = 0
+    duplicate: int = 0
+    conflicting_duplicate: int = 0
+    late: int = 0
+    over_limit: int = 0
+    unreadable: int = 0
+
+    def count(self, outcome: AddOutcome) -> None:
+        name = outcome.value
+        setattr(self, name, getattr(self, name) + 1)
+
+
+class _Marks:
+    __slots__ = ("problems", "reason")
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.problems: list[str] = []
+
+
+class Intake:
+    def __init__(self, limits: AssemblyLimits | None = None) -> None:
+        self.assembler = Assembler(limits)
+        self.counts = IntakeCounts()
+        self._marks: OrderedDict[str, _Marks] = OrderedDict()
+        self._ready: list[Finished] = []  # evicted to make room, not yet handed back
+
+    @property
+    def traces_in_flight(self) -> int:
+        return self.assembler.traces_in_flight
+
+    @property
+    def spans_buffered(self) -> int:
+        return self.assembler.spans_buffered
+
+    def add(
+        self, record: SpanRecord, payload: object, now: float, source: Source | None = None
+    ) -> tuple[AddOutcome, NormalisedSpan | None]:
+        """Take one span: returns what happened to it, and the normalised span when it was taken
+        (ACCEPTED) or is a late span of a decided trace (LATE) or over the trace's span limit."""
+        tid = record.trace_id
+        if source is not None:
+            source.trace_ids.add(tid)
+            if source.unreadable is not None:
+                self._mark(tid, UNREADABLE_INPUT, f"{source.label}: {source.unreadable}")
+        fp = fingerprint(record)
+        outcome = self.assembler.seen(tid, record.span_id, fp)
+        if outcome is AddOutcome.DUPLICATE or outcome is AddOutcome.CONFLICTING_DUPLICATE:
+            self.counts.count(outcome)
+            if outcome is AddOutcome.CONFLICTING_DUPLICATE:
+                self._mark(tid, None, f"span {record.span_id} ({record.name!r}) was received twice with different "
+                           "content; the first copy is used")  # fmt: skip
+            return outcome, None
+        try:
+            span = normalise(record)
+        except Exception as exc:  # one span nobody can read must not stop the others
+            self.counts.unreadable += 1
+            self._mark(tid, UNREADABLE_SPAN, f"span {record.span_id} ({record.name!r}) could not be read: {exc}")
+            return AddOutcome.UNREADABLE, None
+        outcome, evicted = self.assembler.add(span, payload, now, fp)
+        self.counts.count(outcome)
+        if evicted:
+            self._ready.extend(evicted)
+        return outcome, span
+
+    def unreadable(self, source: Source, message: str, trace_id: str | None = None) -> None:
+        """Part of ``source`` could not be read. With ``trace_id`` only that trace is marked;
+        without, every trace the source fed so far and feeds from now on."""
+        if trace_id is not None:
+            self._mark(trace_id, UNREADABLE_INPUT, f"{source.label}: {message}")
+            return
+        if source.unreadable is not None:
+            return  # its traces are marked already
+        source.unreadable = message
+        for tid in source.trace_ids:
+            self._mark(tid, UNREADABLE_INPUT, f"{source.label}: {message}")
+
+    def ready(self) -> list[Finished]:
+        """Traces let go since the last call while others were added (evicted to make room)."""
+        out, self._ready = self._ready, []
+        return out
+
+    def due(self, now: float) -> list[Finished]:
+        return self.ready() + self.assembler.due(now)
+
+    def drain(self, now: float) -> list[Finished]:
+        return self.ready() + self.assembler.drain(now)
+
+    def has_span(self, trace_id: str, span_id: str) -> bool:
+        return self.assembler.has_span(trace_id, span_id)
+
+    def is_decided(self, trace_id: str) -> bool:
+        return self.assembler.is_decided(trace_id)
+
+    def buffered_spans(self, trace_id: str) -> list[NormalisedSpan]:
+        return self.assembler.buffered_spans(trace_id)
+
+    def trajectory(self, finished: Finished) -> Trajectory:
+        """The trajectory of a finished trace or session, with what the intake knows of its data."""
+        trajectory = finished.trajectory()
+        for tid in finished.trace_ids:
+            marks = self._marks.pop(tid, None)
+            if marks is None:
+                continue
+            trajectory.problems.extend(marks.problems)
+            if marks.reason is not None and trajectory.complete:
+                trajectory.complete, trajectory.incomplete_reason = False, marks.reason
+        return trajectory
+
+    def _mark(self, trace_id: str, reason: str | None, problem: str) -> None:
+        marks = self._marks.get(trace_id)
+        if marks is None:
+            marks = self._marks[trace_id] = _Marks()
+            if len(self._marks) > MAX_MARKED_TRACES:
+                self._marks.popitem(last=False)
+        if reason is not None and marks.reason is None:
+            marks.reason = reason
+        if len(marks.problems) < MAX_PROBLEMS_PER_TRACE and problem not in marks.problems:
+            marks.problems.append(problem)

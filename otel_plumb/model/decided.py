@@ -1,0 +1,34 @@
+"""A decided trajectory: what every consumer of a decision receives (metrics, verdict log,
+Watch, export, reports, the campaign store)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from otel_plumb.model.trajectory import Trajectory
+from otel_plumb.model.verdict import TrajectoryStatus, Verdict
+
+# "final": the trajectory is done and every invariant was checked; "early": failures already
+# certain while the trajectory is still in flight (only those verdicts, step indices provisional).
+DecisionKind = Literal["final", "early"]
+
+
+@dataclass(slots=True)
+class Decided:
+    trajectory: Trajectory
+    verdicts: list[Verdict]
+    # The policies that applied to the trajectory (none: status "unchecked").
+    policies: list[str]
+    status: TrajectoryStatus
+    decision: DecisionKind = "final"
+
+    @property
+    def key(self) -> str:
+        """The task key when a policy names one (``task: {attribute: ...}``), else the trace or
+        session id."""
+        return self.trajectory.key
+
+    @property
+    def failures(self) -> list[Verdict]:
+        return [v for v in self.verdicts if v.verdict == "fail"]

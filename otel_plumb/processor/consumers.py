@@ -1,0 +1,127 @@
+"""Where decided trajectories go: one small interface, one consumer per destination.
+
+The processor hands every batch of decisions (final verdicts of finished trajectories, and
+early failures of trajectories still in flight) to each consumer in turn: metrics, log lines,
+the verdict log, the Watch hub, callbacks (campaigns, the demo, tests) and the OTLP export.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from otel_plumb.export.metrics import Metrics
+from otel_plumb.export.verdict_log import VerdictLog
+from otel_plumb.model import Decided, Verdict
+from otel_plumb.report.records import decided_record
+from otel_plumb.watch import VerdictHub
+
+log = logging.getLogger("otel_plumb.processor")
+
+DecidedCallback = Callable[[Decided], None]
+
+
+@dataclass(slots=True)
+class Decision:
+    """One decided trajectory as the processor hands it on."""
+
+    decided: Decided
+    # The received spans of the trajectory (forwarded by the export consumer); none when early.
+    payloads: list[Any] = field(default_factory=list)
+    # From the trajectory's last span to its decision.
+    latency_s: float = 0.0
+    # Failures not already reported early (so each violation is counted once).
+    new_failures: list[Verdict] = field(default_factory=list)
+    _record: dict[str, Any] | None = None
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """The JSON record, built once for every consumer that needs it (it costs as much as a check)."""
+        if self._record is None:
+            self._record = decided_record(self.decided)
+        return self._record
+
+
+class DecisionConsumer(Protocol):
+    async def consume(self, decisions: Sequence[Decision]) -> None: ...
+
+
+class MetricsConsumer:
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    async def consume(self, decisions: Sequence[Decision]) -> None:
+        m = self.metrics
+        for d in decisions:
+            decided = d.decided
+            if decided.decision == "early":
+                exemplar = {"trace_id": decided.trajectory.trace_id}
+                for v in decided.verdicts:
+                    m.violations.labels(v.policy, v.invariant, v.severity).inc(exemplar=exemplar)
+            else:
+                m.record_trajectory(
+                    decided.trajectory, d.new_failures, decided.verdicts, decided.status, decided.policies, d.latency_s
+                )
+        m.flush()
+
+
+class LogConsumer:
+    """A log line per violation (info) and per other verdict (debug), naming the task key."""
+
+    async def consume(self, decisions: Sequence[Decision]) -> None:
+        for d in decisions:
+            decided = d.decided
+            t = decided.trajectory
+            who = t.trace_id if t.key == t.trace_id else f"{t.key} (trace {t.trace_id})"
+            if decided.decision == "early":
+                for v in decided.verdicts:
+                    log.info("early verdict: %s violates %s/%s (%s) at span %s: %s",
+                             who, v.policy, v.invariant, v.severity, v.span_id, v.message)  # fmt: skip
+            elif decided.status == "violating":
+                failed = sorted({f"{v.policy}/{v.invariant}" for v in decided.failures})
+                log.info("verdict: %s violating (%s)", who, ", ".join(failed))
+            else:
+                log.debug("verdict: %s %s", who, decided.status)
+
+
+class VerdictLogConsumer:
+    def __init__(self, verdict_log: VerdictLog) -> None:
+        self.verdict_log = verdict_log
+
+    async def consume(self, decisions: Sequence[Decision]) -> None:
+        for d in decisions:
+            if d.decided.decision == "final":
+                self.verdict_log.write(d.record)
+        self.verdict_log.flush()
+
+
+class HubConsumer:
+    def __init__(self, hub: VerdictHub) -> None:
+        self.hub = hub
+
+    async def consume(self, decisions: Sequence[Decision]) -> None:
+        if not self.hub.has_subscribers:
+            return
+        for d in decisions:
+            self.hub.publish(d.record)
+
+
+class CallbackConsumer:
+    """Calls each registered callback with every final decision; a failing callback is logged."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[DecidedCallback] = []
+
+    async def consume(self, decisions: Sequence[Decision]) -> None:
+        if not self.callbacks:
+            return
+        for d in decisions:
+            if d.decided.decision != "final":
+                continue
+            for callback in list(self.callbacks):
+                try:
+                    callback(d.decided)
+                except Exception:
+                    log.exception("on_decided callback failed")
