@@ -5,6 +5,11 @@ except ``never_call`` with ``attempts`` and budgets, which count effort); argume
 not captured make an argument check indeterminate, never a pass; on an incomplete trajectory
 a check that a later span could still satisfy (``must_call``, ``responds``, ``call_count``
 min) is indeterminate rather than failed.
+
+A run is *provisional* when it checks a trajectory still in flight (early verdicts): step
+indices are not final there (a span that starts earlier, the root first of all, may still
+arrive and shift every index), so its messages name a step by span id and call ordinal
+(``Run.where`` / ``Run.at``) and its verdicts carry no step index.
 """
 
 from __future__ import annotations
@@ -41,15 +46,35 @@ def tools_text(tools: Tools) -> str:
 
 class Run:
     """One trajectory as seen by one policy: its steps and its ground truth. The maps CEL
-    expressions read are built lazily, once per trajectory and set of fields."""
+    expressions read are built lazily, once per trajectory and set of fields.
 
-    __slots__ = ("_cel_steps", "complete", "ctx", "trajectory")
+    ``provisional``: the trajectory is still in flight (so never ``complete``) and its step
+    indices may change."""
 
-    def __init__(self, trajectory: Trajectory, ctx: dict[str, Any], complete: bool) -> None:
+    __slots__ = ("_cel_steps", "complete", "ctx", "provisional", "trajectory")
+
+    def __init__(
+        self, trajectory: Trajectory, ctx: dict[str, Any], complete: bool, *, provisional: bool = False
+    ) -> None:
         self.trajectory = trajectory
         self.ctx = ctx
         self.complete = complete
+        self.provisional = provisional
         self._cel_steps: dict[frozenset[str], list[dict[str, Any]]] = {}
+
+    def where(self, step: Step) -> str:
+        """Where ``step`` is, for a message: ``step N``, or ``span X`` while indices are provisional."""
+        return f"span {step.span_id}" if self.provisional else f"step {step.index}"
+
+    def at(self, step: Step, call: int) -> str:
+        """``at step N``, or ``(call C, span X)`` while indices are provisional: ``call`` is the
+        step's ordinal among the calls the check counts."""
+        return f"(call {call}, {self.where(step)})" if self.provisional else f"at {self.where(step)}"
+
+    @property
+    def index_note(self) -> str:
+        """Appended to a message that names a step by its span while indices are provisional."""
+        return " (step index provisional until the trajectory completes)" if self.provisional else ""
 
     @property
     def steps(self) -> list[Step]:
@@ -120,9 +145,10 @@ def _step_getters(fields: frozenset[str]) -> tuple[tuple[str, Callable[[Step], A
     return tuple((k, get) for k, get in STEP_FIELDS.items() if k in fields)
 
 
-def step_summary(s: Step) -> dict[str, Any]:
-    """What a verdict's ``got`` shows of a step."""
-    out: dict[str, Any] = {"step": s.index, "name": s.name}
+def step_summary(run: Run, s: Step) -> dict[str, Any]:
+    """What a verdict's ``got`` shows of a step: its index, or its span while indices are provisional."""
+    out: dict[str, Any] = {"span": s.span_id} if run.provisional else {"step": s.index}
+    out["name"] = s.name
     if s.args_status == "captured":
         out["args"] = s.args
     if s.error is not None:
@@ -177,8 +203,9 @@ class NeverCall(Check):
         s = calls[0]
         what = "attempted" if s.error is not None else "called"
         return Outcome(
-            "fail", s, f"{s.name} was {what} at step {s.index}", f"no call of {tools_text(self.tools)}", step_summary(s)
-        )
+            "fail", s, f"{s.name} was {what} {run.at(s, 1)}", f"no call of {tools_text(self.tools)}",
+            step_summary(run, s),
+        )  # fmt: skip
 
 
 class CallCount(Check):
@@ -195,7 +222,7 @@ class CallCount(Check):
             s = calls[self.high]
             return Outcome(
                 "fail", s, f"{name} called successfully {n} times, at most {self.high} allowed; "
-                f"call {self.high + 1} is step {s.index}", f"at most {self.high}", n,
+                f"call {self.high + 1} is {run.where(s)}{run.index_note}", f"at most {self.high}", n,
             )  # fmt: skip
         if self.low is not None and n < self.low:
             if not run.complete:
@@ -220,8 +247,8 @@ class Precedes(Check):
                 return PASS
             if s.name in self.then:
                 return Outcome(
-                    "fail", s, f"{s.name} at step {s.index} without an earlier successful {tools_text(self.first)}",
-                    f"{tools_text(self.first)} before {tools_text(self.then)}", step_summary(s),
+                    "fail", s, f"{s.name} {run.at(s, 1)} without an earlier successful {tools_text(self.first)}",
+                    f"{tools_text(self.first)} before {tools_text(self.then)}", step_summary(run, s),
                 )  # fmt: skip
         return PASS
 
@@ -243,10 +270,10 @@ class Responds(Check):
             return PASS
         expected = f"a successful {tools_text(self.then)} after {waiting.name}"
         if not run.complete:
-            return Outcome("indeterminate", waiting, f"no response to step {waiting.index} yet; "
+            return Outcome("indeterminate", waiting, f"no response to {run.where(waiting)} yet; "
                            "the trajectory is incomplete", expected, "nothing yet")  # fmt: skip
         return Outcome(
-            "fail", waiting, f"{waiting.name} at step {waiting.index} was never followed by a successful "
+            "fail", waiting, f"{waiting.name} at {run.where(waiting)} was never followed by a successful "
             f"{tools_text(self.then)}", expected, "no response",
         )  # fmt: skip
 
@@ -267,7 +294,7 @@ class ArgumentCheck(Check):
         undecided: Outcome | None = None
         for s in calls:
             if s.args_status != "captured":
-                out = Outcome("indeterminate", s, f"arguments of step {s.index} ({s.name}) are {s.args_status}, "
+                out = Outcome("indeterminate", s, f"arguments of {run.where(s)} ({s.name}) are {s.args_status}, "
                               "not captured")  # fmt: skip
             else:
                 out = self.check_call(run, s, lookup(s.args, self.path))
@@ -280,8 +307,8 @@ class ArgumentCheck(Check):
     def check_call(self, run: Run, step: Step, value: Any) -> Outcome:
         raise NotImplementedError
 
-    def missing(self, step: Step, expected: Any) -> Outcome:
-        return Outcome("fail", step, f"{step.name} at step {step.index} has no argument {self.arg}", expected, None)
+    def missing(self, run: Run, step: Step, expected: Any) -> Outcome:
+        return Outcome("fail", step, f"{step.name} at {run.where(step)} has no argument {self.arg}", expected, None)
 
 
 class ArgEquals(ArgumentCheck):
@@ -293,21 +320,26 @@ class ArgEquals(ArgumentCheck):
         expected: Callable[[Run, Step], tuple[Any, str | None]],
         mode: CompareMode,
         tolerance: Decimal,
+        *,
+        from_step: bool = False,
     ) -> None:
         super().__init__(tools, arg, path)
         self.expected = expected
         self.mode, self.tolerance = mode, tolerance
+        # Dataflow: the expected value is the last earlier call of the source tool, and on an
+        # incomplete trajectory a later one may still be missing, so a mismatch is not final.
+        self.final_fail = not from_step
 
     def check_call(self, run: Run, step: Step, value: Any) -> Outcome:
         expected, why_unknown = self.expected(run, step)
         if why_unknown is not None:
             return Outcome("indeterminate", step, f"expected value unknown: {why_unknown}", None, plain(value))
         if value is MISSING:
-            return self.missing(step, plain(expected))
+            return self.missing(run, step, plain(expected))
         if equal(value, expected, self.mode, self.tolerance):
             return PASS
         tol = f" (tolerance {self.tolerance})" if self.tolerance else ""
-        return Outcome("fail", step, f"{step.name} at step {step.index}: {self.arg} is {value!r}, expected "
+        return Outcome("fail", step, f"{step.name} at {run.where(step)}: {self.arg} is {value!r}, expected "
                        f"{plain(expected)!r}{tol}", plain(expected), plain(value))  # fmt: skip
 
 
@@ -319,16 +351,16 @@ class ArgMatches(ArgumentCheck):
     def check_call(self, run: Run, step: Step, value: Any) -> Outcome:
         expected = f"matches {self.regex.pattern}"
         if value is MISSING:
-            return self.missing(step, expected)
+            return self.missing(run, step, expected)
         if isinstance(value, str):
             text = value
         elif isinstance(value, int | float) and not isinstance(value, bool):
             text = str(value)
         else:
-            return Outcome("fail", step, f"{self.arg} at step {step.index} is not text", expected, value)
+            return Outcome("fail", step, f"{self.arg} at {run.where(step)} is not text", expected, value)
         if self.regex.search(text):
             return PASS
-        return Outcome("fail", step, f"{step.name} at step {step.index}: {self.arg} {text!r} does not match "
+        return Outcome("fail", step, f"{step.name} at {run.where(step)}: {self.arg} {text!r} does not match "
                        f"{self.regex.pattern!r}", expected, value)  # fmt: skip
 
 
@@ -341,7 +373,7 @@ class ArgSatisfies(ArgumentCheck):
     def check_call(self, run: Run, step: Step, value: Any) -> Outcome:
         names = self.expression.variables
         if "result" in names and step.result_status != "captured":
-            return Outcome("indeterminate", step, f"result of step {step.index} is {step.result_status}, not captured")
+            return Outcome("indeterminate", step, f"result of {run.where(step)} is {step.result_status}, not captured")
         act = run.activation(
             self.expression, run.steps, args=step.args, result=step.result,
             step=cel_step(step, self.expression.words) if "step" in names else None,
@@ -352,7 +384,7 @@ class ArgSatisfies(ArgumentCheck):
             return Outcome("indeterminate", step, f"{self.expression.source}: {exc}")
         if ok:
             return PASS
-        return Outcome("fail", step, f"{step.name} at step {step.index} does not satisfy {self.expression.source}",
+        return Outcome("fail", step, f"{step.name} at {run.where(step)} does not satisfy {self.expression.source}",
                        self.expression.source, step.args)  # fmt: skip
 
 
@@ -365,18 +397,20 @@ class Budget(Check):
     def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
         unknown: Outcome | None = None
         for name, limit in self.limits.items():
+            locate = not run.provisional or name in _CROSSING_KNOWN_EARLY
             if name == "max_duration_ms":
-                out = _duration(steps, limit)
+                out = _duration(steps, limit, locate)
             elif name == "max_tokens":
-                out = _tokens(steps, int(limit))
+                out = _tokens(run, steps, int(limit), locate)
             else:
                 counted = _BUDGET_COUNTS[name](steps)
                 out = PASS
                 if len(counted) > limit:
                     s = counted[int(limit)]
                     what = name.removeprefix("max_").replace("_", " ")
-                    message = f"{what} {len(counted)} > {limit}; the limit was crossed at step {s.index}"
-                    out = Outcome("fail", s, message, f"<= {limit}", len(counted))
+                    where = f"the limit was crossed at {run.where(s)}" if locate else _CROSSING_LATER
+                    out = Outcome("fail", s if locate else None, f"{what} {len(counted)} > {limit}; {where}",
+                                  f"<= {limit}", len(counted))  # fmt: skip
             if out.verdict == "fail":
                 return out
             if out.verdict == "indeterminate" and unknown is None:
@@ -390,9 +424,15 @@ _BUDGET_COUNTS: dict[str, Callable[[Sequence[Step]], list[Step]]] = {
     "max_llm_calls": lambda steps: [s for s in steps if s.kind == "llm"],
     "max_tool_errors": lambda steps: [s for s in steps if s.kind == "tool" and s.error is not None],
 }
+# On a trajectory still in flight, where a limit was crossed is known only for the tool-call
+# limits: the spans still to come start earlier than those seen and shift the crossing point of
+# the others (the root, a step and the start of the duration; a framework's model-call span
+# around the client library's, which takes over its count and tokens).
+_CROSSING_KNOWN_EARLY = frozenset({"max_tool_calls", "max_tool_errors"})
+_CROSSING_LATER = "where the limit was crossed is known when the trajectory completes"
 
 
-def _duration(steps: Sequence[Step], limit: float) -> Outcome:
+def _duration(steps: Sequence[Step], limit: float, locate: bool) -> Outcome:
     if not steps:
         return PASS
     start = min(s.start_ns for s in steps)
@@ -400,11 +440,13 @@ def _duration(steps: Sequence[Step], limit: float) -> Outcome:
     took = (end - start) / 1e6
     if took <= limit:
         return PASS
-    over = next((s for s in steps if (s.end_ns - start) / 1e6 > limit), None)
-    return Outcome("fail", over, f"took {took:.0f} ms, more than {limit:g} ms", f"<= {limit:g} ms", round(took, 3))
+    over = next((s for s in steps if (s.end_ns - start) / 1e6 > limit), None) if locate else None
+    where = "" if locate else f"; {_CROSSING_LATER}"
+    return Outcome("fail", over, f"took {took:.0f} ms, more than {limit:g} ms{where}", f"<= {limit:g} ms",
+                   round(took, 3))  # fmt: skip
 
 
-def _tokens(steps: Sequence[Step], limit: int) -> Outcome:
+def _tokens(run: Run, steps: Sequence[Step], limit: int, locate: bool) -> Outcome:
     total, seen = 0, False
     for s in steps:
         if s.tokens is None:
@@ -412,7 +454,10 @@ def _tokens(steps: Sequence[Step], limit: int) -> Outcome:
         seen = True
         total += s.tokens
         if total > limit:
-            return Outcome("fail", s, f"{total} tokens by step {s.index}, more than {limit}", f"<= {limit}", total)
+            if not locate:
+                return Outcome("fail", None, f"{total} tokens, more than {limit}; {_CROSSING_LATER}",
+                               f"<= {limit}", total)  # fmt: skip
+            return Outcome("fail", s, f"{total} tokens by {run.where(s)}, more than {limit}", f"<= {limit}", total)
     if not seen and any(s.kind == "llm" for s in steps):
         return Outcome("indeterminate", None, "no token counts recorded on the model calls", f"<= {limit}", None)
     return PASS

@@ -122,14 +122,15 @@ class CompiledInvariant:
         scope_ok = self.scope is None or self.scope.kind == "after"
         return self.check.early and self.guard is None and scope_ok
 
-    def verdict(self, outcome: ck.Outcome) -> Verdict:
+    def verdict(self, outcome: ck.Outcome, run: ck.Run) -> Verdict:
+        """The verdict of ``outcome``; on a provisional run it names the step by span only."""
         s = outcome.step
         return Verdict(
             invariant=self.id,
             policy=self.policy,
             verdict=outcome.verdict,
             severity=self.severity,
-            step_index=s.index if s is not None else None,
+            step_index=s.index if s is not None and not run.provisional else None,
             span_id=s.span_id if s is not None else None,
             message=outcome.message,
             expected=outcome.expected,
@@ -137,7 +138,7 @@ class CompiledInvariant:
         )
 
     def evaluate(self, run: ck.Run) -> Verdict:
-        return self.verdict(self.outcome(run))
+        return self.verdict(self.outcome(run), run)
 
     def outcome(self, run: ck.Run) -> ck.Outcome:
         t = run.trajectory
@@ -224,15 +225,19 @@ class CompiledPolicy:
         return [inv.evaluate(run) for inv in self.invariants]
 
     def early_failures(self, trajectory: Trajectory) -> list[Verdict]:
-        """Fails already certain on a partial, in-flight trajectory (see ``CompiledInvariant.early``)."""
+        """Fails already certain on a partial, in-flight trajectory (see ``CompiledInvariant.early``).
+
+        Its step indices are not final (spans that start earlier, the root first, arrive later),
+        so these verdicts have no ``step_index``: they name the offending step by ``span_id``, and
+        their messages by span and call ordinal."""
         if not self._early or not self.applies_to(trajectory):
             return []
-        run = ck.Run(trajectory, self.context(trajectory), complete=False)
+        run = ck.Run(trajectory, self.context(trajectory), complete=False, provisional=True)
         out = []
         for inv in self._early:
             outcome = inv.outcome(run)
             if outcome.verdict == "fail":
-                out.append(inv.verdict(outcome))
+                out.append(inv.verdict(outcome, run))
         return out
 
 
@@ -396,7 +401,7 @@ def _compile_invariant(
         a = inv.arg_equals
         check = ck.ArgEquals(
             _tools(a.tool), a.arg, path(a.arg, (*here, "arg")), _expected_source(a, lambda t, k: path(t, (*here, k))),
-            a.compare, a.tolerance,
+            a.compare, a.tolerance, from_step=a.step is not None,
         )  # fmt: skip
     elif inv.arg_matches is not None:
         m = inv.arg_matches
@@ -444,14 +449,14 @@ def _expected_source(
             earlier = [s for s in run.steps if s.index < step.index and s.kind == "tool" and s.error is None
                        and s.name in source]  # fmt: skip
             if not earlier:
-                return None, f"no successful {ck.tools_text(source)} before step {step.index}"
+                return None, f"no successful {ck.tools_text(source)} before {run.where(step)}"
             src = earlier[-1]
             status = src.result_status if use_result else src.args_status
             if status != "captured":
-                return None, f"{what} of step {src.index} ({src.name}) is {status}"
+                return None, f"{what} of {run.where(src)} ({src.name}) is {status}"
             value = lookup(src.result if use_result else src.args, src_path)
             if value is MISSING:
-                return None, f"{what} of step {src.index} ({src.name}) has no {field}"
+                return None, f"{what} of {run.where(src)} ({src.name}) has no {field}"
             return value, None
 
         return from_step
