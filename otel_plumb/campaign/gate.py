@@ -1,4 +1,5 @@
-"""``otel-plumb gate`` for campaign reports: the certificate against a bound, violations."""
+"""``otel-plumb gate`` for campaign reports: the certificate against a bound, violations, and
+whether any trial was checked at all."""
 
 from __future__ import annotations
 
@@ -50,3 +51,19 @@ def campaign_gate_failures(report: dict[str, Any], min_bound: float | None, max_
     if errors and (floor is not None or cap is not None):
         failures.append(f"{errors} trial(s) produced no trajectory")
     return failures
+
+
+# A trial's status when its trajectory was checked against a policy (else "unchecked", or
+# "error" when the trial produced no trajectory).
+CHECKED = frozenset({"conformant", "violating", "indeterminate"})
+
+
+def campaign_nothing_checked(report: dict[str, Any]) -> str | None:
+    """Why no trial of the campaign report was checked (no trials, none with a checked
+    trajectory), or None when one was."""
+    trials = report.get("trials") or []
+    if not trials:
+        return "the report has no trials: nothing was checked"
+    if not any(t.get("status") in CHECKED for t in trials):
+        return f"none of the {len(trials)} trials has a trajectory checked against a policy"
+    return None
