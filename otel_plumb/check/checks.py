@@ -160,12 +160,19 @@ def _calls(steps: Sequence[Step], tools: Tools, *, attempts: bool = False) -> li
     return [s for s in steps if s.kind == "tool" and s.name in tools and (attempts or s.error is None)]
 
 
+# Incomplete reasons that mean spans were lost from anywhere in the trajectory (not only that
+# later spans have not arrived yet): a fail that an earlier missing step could undo is not final.
+DATA_LOST = frozenset({"unreadable_input", "unreadable_span", "missing_parent", "tool_calls_not_captured"})
+
+
 class Check:
     """Base: ``early`` marks kinds whose fail on a partial trajectory is final (SPEC 6);
-    ``final_fail`` whether a fail on an incomplete trajectory stands."""
+    ``final_fail`` whether a fail on an incomplete trajectory stands; ``fail_survives_lost_data``
+    whether it stands when spans may be missing from anywhere (``DATA_LOST``)."""
 
     early = False
     final_fail = True
+    fail_survives_lost_data = True
 
     def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
         raise NotImplementedError
@@ -235,6 +242,8 @@ class CallCount(Check):
 
 class Precedes(Check):
     early = True
+    # The earlier call it wants may be among the lost spans.
+    fail_survives_lost_data = False
 
     def __init__(self, first: Tools, then: Tools) -> None:
         self.first, self.then = first, then

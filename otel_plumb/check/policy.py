@@ -161,8 +161,14 @@ class CompiledInvariant:
                 return ck.Outcome("not_applicable", None, f"scope {self.scope.text()}: never happened")
             steps = scoped
         out = self.check.run(run, steps)
-        # On an incomplete trajectory more spans could still undo a pass, or a fail of a non-monotone check.
-        if not run.complete and (out.verdict == "pass" or (out.verdict == "fail" and not self.check.final_fail)):
+        # On an incomplete trajectory more spans could still undo a pass, or a fail of a non-monotone
+        # check, or (when spans were lost, not just not yet arrived) a fail that needs an earlier step.
+        lost = t.incomplete_reason in ck.DATA_LOST
+        if not run.complete and (
+            out.verdict == "pass"
+            or (out.verdict == "fail" and not self.check.final_fail)
+            or (out.verdict == "fail" and lost and not self.check.fail_survives_lost_data)
+        ):
             reason = t.incomplete_reason or "incomplete"
             detail = f" ({out.message})" if out.message else ""
             return ck.Outcome(

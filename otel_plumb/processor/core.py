@@ -386,10 +386,15 @@ class Processor:
         new: list[Verdict] = []
         reported = self._early.setdefault(trace_id, set())
         applied: list[str] = []
+        # A tool call the model asked for may still arrive as a tool span (which may say it
+        # failed, and a failed call did not happen): no early verdict rests on a request alone.
+        requested_only = {s.span_id for s in partial.steps if s.source == "llm_output"}
         for policy in self.policies:
             if not policy.applies_to(partial):
                 continue
             for v in policy.early_failures(partial):
+                if v.span_id in requested_only:
+                    continue
                 if (v.policy, v.invariant) not in reported:
                     reported.add((v.policy, v.invariant))
                     new.append(v)
