@@ -56,8 +56,10 @@ def test_replay_command_on_a_cut_file_exits_0_with_no_violation_and_says_why(tmp
     out = tmp_path / "r.json"
     res = CliRunner().invoke(cli, ["replay", str(path), "--policy", str(AP_POLICY), "--json", str(out)])
     assert res.exit_code == 0, res.output
-    (record,) = json.loads(out.read_text())["trajectories"]
+    report = json.loads(out.read_text())
+    (record,) = report["trajectories"]
     assert record["status"] == "indeterminate" and record["incomplete_reason"] == "unreadable_input"
+    assert any("could not be read and the format cannot tell which trace" in n for n in report["coverage"]["notes"])
     assert record["key"].startswith("INV-") and record["key"] != record["trace_id"]
     assert record["key"] in res.output, "the terminal summary names the task key"
 

@@ -209,6 +209,12 @@ class CoverageCounter:
                 f"{incomplete} of {self.trajectories} trajectories are incomplete ({reasons}): their verdicts "
                 "are indeterminate at best."
             )
+        if self.incomplete.get("unreadable_input"):
+            notes.append(
+                f"{self.incomplete['unreadable_input']} trajectories are incomplete because part of their input "
+                "could not be read and the format cannot tell which trace it held: every trajectory of a file "
+                "with an unreadable line or record is marked (see errors[] for where)."
+            )
         if self.unlabelled:
             keys = " or ".join(self.task_attributes)
             notes.append(
