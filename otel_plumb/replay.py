@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from otel_plumb.assemble import AddOutcome, AssemblyLimits, Finished
+from otel_plumb.assemble import AddOutcome, AssemblyLimits
 from otel_plumb.intake import Intake, Source
 from otel_plumb.model import SpanRecord, Trajectory
 from otel_plumb.receive.files import ReadError, read_batches
@@ -83,6 +83,8 @@ def replay_limits(group_by: GroupBy = "trace", window_spans: int = DEFAULT_WINDO
         max_spans_per_trace=100_000,
         group_by=group_by,
         session_idle_timeout_s=float("inf"),
+        # A span read again anywhere in the input is a duplicate (bounded by the span count).
+        decided_ttl_s=float("inf"),
     )
 
 
@@ -95,8 +97,10 @@ def iter_trajectories(
 ) -> Iterator[Trajectory]:
     """Trajectories as they are assembled (streaming); ``stats`` is filled in along the way.
 
-    A file's trajectories are let go when the whole file has been read: an unreadable part
-    further on may have held some of their spans, which makes them incomplete.
+    An unreadable line or record of a file marks every trajectory of that file still being
+    assembled, and every one the file feeds after it, incomplete: nothing says which trace it
+    held. Trajectories let go before it (no span of theirs for ``window_spans`` spans) are not
+    marked: a span of theirs that far on would have been left out as late anyway.
 
     Exhaust the iterator or ``close()`` it: Python's cyclic garbage collector is paused until then.
     """
@@ -114,7 +118,6 @@ def iter_trajectories(
             file_stats = FileStats(os.fspath(path))
             stats.files.append(file_stats)
             source = Source(file_stats.path)
-            finished: list[Finished] = []
             for batch in read_batches(path):
                 for item in batch:
                     if not isinstance(item, SpanRecord):
@@ -139,11 +142,9 @@ def iter_trajectories(
                 file_stats.spans = clock - stats.spans
                 if clock >= next_due:
                     next_due = clock + due_every
-                    finished.extend(due(float(clock)))
+                    for done in due(float(clock)):
+                        yield intake.trajectory(done)
             stats.spans = clock
-            finished.extend(intake.ready())
-            for done in finished:
-                yield intake.trajectory(done)
         for done in intake.drain(float(clock)):
             yield intake.trajectory(done)
     finally:

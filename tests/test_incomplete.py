@@ -54,7 +54,9 @@ def test_a_cut_line_inside_a_trace_makes_it_indeterminate_not_violating(tmp_path
 def test_replay_command_on_a_cut_file_exits_0_with_no_violation_and_says_why(tmp_path: Path) -> None:
     path = _cut_file(tmp_path)
     out = tmp_path / "r.json"
-    res = CliRunner().invoke(cli, ["replay", str(path), "--policy", str(AP_POLICY), "--json", str(out)])
+    junit, html = tmp_path / "r.xml", tmp_path / "r.html"
+    res = CliRunner().invoke(cli, ["replay", str(path), "--policy", str(AP_POLICY), "--json", str(out),
+                                   "--junit", str(junit), "--html", str(html)])  # fmt: skip
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
     (record,) = report["trajectories"]
@@ -62,6 +64,8 @@ def test_replay_command_on_a_cut_file_exits_0_with_no_violation_and_says_why(tmp
     assert any("could not be read and the format cannot tell which trace" in n for n in report["coverage"]["notes"])
     assert record["key"].startswith("INV-") and record["key"] != record["trace_id"]
     assert record["key"] in res.output, "the terminal summary names the task key"
+    assert f'[{record["key"]} trace {record["trace_id"]}]' in junit.read_text(), "JUnit test names carry the key"
+    assert record["key"] in html.read_text()
 
 
 def test_a_span_that_cannot_be_normalised_marks_only_its_own_trace(monkeypatch: pytest.MonkeyPatch) -> None:

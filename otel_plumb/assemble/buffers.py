@@ -125,6 +125,9 @@ class Assembler:
     def traces_in_flight(self) -> int:
         return len(self._traces)
 
+    def in_flight(self, trace_id: str) -> bool:
+        return trace_id in self._traces
+
     def is_decided(self, trace_id: str) -> bool:
         return trace_id in self._decided
 

@@ -119,15 +119,19 @@ class Intake:
 
     def unreadable(self, source: Source, message: str, trace_id: str | None = None) -> None:
         """Part of ``source`` could not be read. With ``trace_id`` only that trace is marked;
-        without, every trace the source fed so far and feeds from now on."""
+        without, every trace the source fed that is still being assembled, and every trace it
+        feeds from now on. (A trace let go already was idle for ``idle_timeout``: a span of it
+        that late would be a late span, left out, whatever the unreadable part held.)"""
         if trace_id is not None:
             self._mark(trace_id, UNREADABLE_INPUT, f"{source.label}: {message}")
             return
         if source.unreadable is not None:
             return  # its traces are marked already
         source.unreadable = message
+        in_flight = self.assembler.in_flight
         for tid in source.trace_ids:
-            self._mark(tid, UNREADABLE_INPUT, f"{source.label}: {message}")
+            if in_flight(tid):
+                self._mark(tid, UNREADABLE_INPUT, f"{source.label}: {message}")
 
     def ready(self) -> list[Finished]:
         """Traces let go since the last call while others were added (evicted to make room)."""

@@ -27,7 +27,7 @@ def render(report: Mapping[str, Any]) -> str:
                 suite,
                 "testcase",
                 classname=f"{policy}.{v['invariant']}",
-                name=f"{v['invariant']} [{record['trace_id']}]",
+                name=f"{v['invariant']} [{_name(record)}]",
             )
             verdict = v["verdict"]
             if verdict == "fail":
@@ -52,10 +52,16 @@ def render(report: Mapping[str, Any]) -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
+def _name(record: Mapping[str, Any]) -> str:
+    """The task key (an order or invoice id) with the trace it came from; the trace alone without one."""
+    key, trace = record.get("key"), record.get("trace_id")
+    return f"{key} trace {trace}" if key and key != trace else str(trace)
+
+
 def _detail(record: Mapping[str, Any], v: Mapping[str, Any]) -> str:
     where = "whole trajectory" if v.get("step_index") is None else f"step {v['step_index']} (span {v.get('span_id')})"
     lines = [
-        f"trace {record.get('trace_id')}, {where}, severity {v.get('severity')}",
+        f"{_name(record)}, {where}, severity {v.get('severity')}",
         f"expected: {json.dumps(v.get('expected'), default=str, ensure_ascii=False)}",
         f"got: {json.dumps(v.get('got'), default=str, ensure_ascii=False)}",
         "steps: " + " > ".join(f"{s['index']}:{s['name']}{'(error)' if s.get('error') else ''}"
