@@ -56,11 +56,6 @@ class ReplayStats:
         if len(self.errors) < MAX_ERRORS_KEPT:
             self.errors.append(error)
 
-    @property
-    def nothing_read(self) -> bool:
-        """No span at all, and something went wrong: the input could not be read."""
-        return self.spans == 0 and self.errors_total > 0
-
 
 @dataclass(slots=True)
 class ReplayResult:

@@ -247,14 +247,6 @@ class CompiledPolicy:
         return out
 
 
-def evaluate_all(policies: Iterable[CompiledPolicy], trajectory: Trajectory) -> list[Verdict]:
-    verdicts: list[Verdict] = []
-    for p in policies:
-        if p.applies_to(trajectory):
-            verdicts.extend(p.evaluate(trajectory))
-    return verdicts
-
-
 # ---- loading ---------------------------------------------------------------------------
 
 
