@@ -1,5 +1,9 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from otel_plumb.assemble import AddOutcome, Assembler, AssemblyLimits, build_trajectory
-from otel_plumb.model import NormalisedSpan, RequestedCall
+from otel_plumb.model import NormalisedSpan, RequestedCall, SpanRecord
+from otel_plumb.normalise import normalise
 
 
 def ns(span_id, parent=None, start=0, kind="other", name=None, trace="t1", **kw):
@@ -152,3 +156,173 @@ def test_a_model_call_recorded_twice_counts_once():
         ("call_llm", "llm", 50),
         ("generate_content", "other", None),
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# A span whose parent is not in the trace: part of the trace is missing.
+
+
+def record(span_id, parent=None, start=0, trace="t1", name=None):
+    return SpanRecord(trace, span_id, parent, name or span_id, start_ns=start, end_ns=start + 100)
+
+
+# request > plan > (search, answer), request > reply
+TREE = [
+    record("request"),
+    record("plan", "request", 10),
+    record("search", "plan", 20),
+    record("answer", "plan", 30),
+    record("reply", "request", 40),
+]
+
+
+def assembled(records, **kw):
+    return build_trajectory("t1", [normalise(r) for r in records], **kw)
+
+
+def test_the_whole_tree_is_complete():
+    t = assembled(TREE)
+    assert t.complete and t.incomplete_reason is None and t.root_span_id == "request"
+    assert not any("not in the trace" in p for p in t.problems)
+
+
+def test_a_dropped_middle_span_makes_the_trajectory_incomplete():
+    t = assembled([r for r in TREE if r.span_id != "plan"])
+    assert not t.complete and t.incomplete_reason == "missing_parent"
+    assert t.root_span_id == "request"
+    (line,) = [p for p in t.problems if "not in the trace" in p]
+    assert "parent span plan" in line and "search" in line and "answer" in line
+
+
+def test_a_single_top_span_with_a_remote_parent_stays_complete():
+    remote = [record("request", "caller-span"), *TREE[1:]]
+    t = assembled(remote)
+    assert t.complete and t.root_span_id == "request"
+
+
+def test_missing_parents_are_found_per_trace_of_a_session():
+    second = [record("r2", None, 500, "t2"), record("x2", "gone", 510, "t2")]
+    spans = [normalise(r) for r in [*TREE, *second]]
+    t = build_trajectory("sess", spans, session_id="sess")
+    assert t.trace_ids == ["t1", "t2"]
+    assert not t.complete and t.incomplete_reason == "missing_parent"
+    (line,) = [p for p in t.problems if "not in the trace" in p]
+    assert "parent span gone of span x2" in line
+    # Each trace with its own root and nothing orphaned: complete.
+    whole = build_trajectory("sess", [normalise(r) for r in [*TREE, second[0]]], session_id="sess")
+    assert whole.complete
+
+
+def test_a_reason_given_by_the_caller_is_kept():
+    t = assembled([r for r in TREE if r.span_id != "plan"], complete=False, incomplete_reason="evicted")
+    assert not t.complete and t.incomplete_reason == "evicted"
+    assert any("parent span plan" in p for p in t.problems)
+
+
+def test_a_trace_whose_spans_only_point_at_each_other_has_no_root():
+    loop = [record("a", "b", 0, "t2"), record("b", "a", 10, "t2")]
+    t = build_trajectory("s", [normalise(r) for r in [*TREE, *loop]], session_id="s")
+    assert not t.complete and t.incomplete_reason == "no_root"
+    # A parent in another trace of the session is not in the span's own trace.
+    across = [record("x", "search", 500, "t2")]
+    t2 = build_trajectory("s", [normalise(r) for r in [*TREE, *across]], session_id="s")
+    assert t2.complete and t2.steps[-1].span_id == "x"  # t2's single top span, parent remote
+
+
+@st.composite
+def trees(draw):
+    """A random span tree (parent drawn among earlier spans), and a non-root span with children."""
+    n = draw(st.integers(min_value=3, max_value=25))
+    parents = [None] + [draw(st.integers(min_value=0, max_value=i - 1)) for i in range(1, n)]
+    with_children = sorted({p for p in parents[1:] if p is not None and p != 0})
+    if not with_children:
+        parents[2] = 1  # make sure some non-root span has a child
+        with_children = [1]
+    remote_root = draw(st.booleans())
+    records = [
+        record(f"s{i}", (f"s{p}" if p is not None else ("remote" if remote_root else None)), start=i * 10)
+        for i, p in enumerate(parents)
+    ]
+    return records, f"s{draw(st.sampled_from(with_children))}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(trees())
+def test_removing_a_span_that_orphans_a_child_is_never_complete(case):
+    records, dropped = case
+    assert assembled(records).complete
+    t = assembled([r for r in records if r.span_id != dropped])
+    assert not t.complete
+    if records[0].parent_span_id is None:
+        assert t.incomplete_reason == "missing_parent"
+        assert any(f"parent span {dropped} " in p for p in t.problems)
+    else:
+        # The root's parent is remote too: which top span is the root cannot be told.
+        assert t.incomplete_reason == "no_root"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_arbitrary_parent_links_never_crash(data):
+    n = data.draw(st.integers(min_value=0, max_value=20))
+    ids = [f"s{i}" for i in range(n)]
+    pool = [None, "elsewhere", "remote", *ids]
+    records = [
+        record(
+            ids[i],
+            data.draw(st.sampled_from(pool)),
+            start=data.draw(st.integers(min_value=0, max_value=50)),
+            trace=data.draw(st.sampled_from(["t1", "t2"])),
+        )
+        for i in range(n)
+    ]
+    t = assembled(records)
+    assert sorted(s.span_id for s in t.steps) == sorted(ids)
+    assert [s.index for s in t.steps] == list(range(n))
+    if t.complete:
+        # Complete: in each trace one root, and no other span whose parent is not in its trace.
+        where = {r.span_id: r.trace_id for r in records}
+        for trace in {r.trace_id for r in records}:
+            tops = [r for r in records if r.trace_id == trace and where.get(r.parent_span_id or "") != trace]
+            assert len(tops) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# A model call that asked for tools none of which were captured (content capture off).
+
+
+def test_hidden_tool_requests_need_a_tool_span_at_or_after_them():
+    root = ns("r", None, 0, "agent")
+    hidden = ns("l", "r", 10, "llm", hidden_tool_calls=True)
+    hidden.convention = "otel_genai"
+    t = build_trajectory("t1", [root, hidden])
+    assert not t.complete and t.incomplete_reason == "tool_calls_not_captured"
+    (line,) = t.problems
+    assert "l (l)" in line and "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT" in line
+    # A tool span after the request accounts for it (tool spans from the agent framework).
+    assert build_trajectory("t1", [root, hidden, ns("x", "r", 30, "tool", "lookup")]).complete
+    # A tool span only before it does not.
+    before = build_trajectory("t1", [root, ns("x", "r", 5, "tool", "lookup"), hidden])
+    assert not before.complete and before.incomplete_reason == "tool_calls_not_captured"
+    # Nor does a tool span in another trace of the session.
+    other = ns("x", "r2", 30, "tool", "lookup", trace="t2")
+    session = build_trajectory("s", [root, hidden, ns("r2", None, 20, trace="t2"), other], session_id="s")
+    assert not session.complete and session.incomplete_reason == "tool_calls_not_captured"
+
+
+def test_a_hidden_request_named_by_the_other_record_of_the_same_call_is_covered():
+    call = RequestedCall("lookup", {"q": 1}, "captured", "call_1")
+    outer = ns("o", "r", 1, "llm", name="langchain", requested_calls=[call])
+    inner = ns("i", "o", 2, "llm", name="openai", hidden_tool_calls=True)
+    t = build_trajectory("t1", [ns("r", None, 0, "agent"), outer, inner])
+    assert t.complete and [s.name for s in t.tool_steps] == ["lookup"]
+
+
+def test_hidden_requests_keep_the_callers_reason_and_a_missing_parent_comes_first():
+    root = ns("r", None, 0, "agent")
+    hidden = ns("l", "r", 10, "llm", hidden_tool_calls=True)
+    evicted = build_trajectory("t1", [root, hidden], complete=False, incomplete_reason="evicted")
+    assert evicted.incomplete_reason == "evicted" and any("not captured" in p for p in evicted.problems)
+    orphan = ns("x", "gone", 20)
+    both = build_trajectory("t1", [root, hidden, orphan])
+    assert both.incomplete_reason == "missing_parent" and len(both.problems) == 2

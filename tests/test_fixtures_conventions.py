@@ -38,7 +38,11 @@ CONVENTIONS = {
     "openai_v2_no_content": "otel_genai",
     "openinference_langchain": "openinference",
     "openinference_openai": "openinference",
+    "openinference_openai_hidden": "openinference",
+    "openinference_openai_hidden_messages": "openinference",
+    "openinference_openai_parallel": "openinference",
     "openllmetry_openai": "otel_genai",
+    "openllmetry_openai_no_content": "otel_genai",
     "otel_genai_events": "otel_genai",
     "otel_genai_redacted": "otel_genai",
     "pydantic_ai_v1": "pydantic_ai",
@@ -50,6 +54,7 @@ CONVENTIONS = {
     "traceloop": "traceloop",
     "vercel_ai": "vercel_ai",
     "vercel_ai_sdk": "vercel_ai",
+    "vercel_ai_sdk_no_content": "vercel_ai",
 }
 
 
@@ -81,7 +86,10 @@ def test_fixture_gives_the_expected_tool_steps(name):
     t = trajectory(spans)
     got = [{"name": s.name, "args": s.args, "error": s.error is not None, "source": s.source} for s in t.tool_steps]
     assert got == expected["tool_steps"]
-    assert t.complete and t.root_span_id is not None
+    # Complete unless the trace cannot show what the agent did (then the expected file says why).
+    reason = expected.get("incomplete_reason")
+    assert (t.complete, t.incomplete_reason) == (reason is None, reason)
+    assert t.root_span_id is not None
     assert [s.index for s in t.steps] == list(range(len(t.steps)))
     for step in t.tool_steps:
         assert step.convention == CONVENTIONS[name]

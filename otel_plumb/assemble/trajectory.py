@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from otel_plumb.model.trajectory import NormalisedSpan, RequestedCall, Step, Trajectory
+from otel_plumb.normalise.hints import CAPTURE_HINTS
+
+MISSING_PARENT = "missing_parent"
+TOOL_CALLS_NOT_CAPTURED = "tool_calls_not_captured"
 
 
 def build_trajectory(
@@ -30,26 +34,42 @@ def build_trajectory(
     for s in spans:
         if s.problems:
             problems.extend(s.problems)
-        if s.parent_span_id is None or s.parent_span_id not in by_id:
+        # A top span: no parent, or a parent not in the trace (a parent in another trace of the
+        # session is not this span's parent either).
+        parent = by_id.get(s.parent_span_id or "")
+        if parent is None or parent.trace_id != s.trace_id:
             tops_by_trace.setdefault(s.trace_id, []).append(s)
         if s.tool_results:
             results_by_call_id.update(s.tool_results)
+    trace_ids = list(dict.fromkeys(s.trace_id for s in spans))
     roots = [_root(tops) for tops in tops_by_trace.values()]
     root = roots[0] if roots else None
-    if complete and (not roots or any(r is None for r in roots)):
+    # A trace with no top span at all is a loop of parent links: no root either.
+    if complete and (not roots or len(roots) < len(trace_ids) or any(r is None for r in roots)):
         complete, incomplete_reason = False, "no_root"
-    for r in roots:
-        if r is not None and r.parent_span_id is not None:
+    for r, tops in zip(roots, tops_by_trace.values(), strict=True):
+        if r is None:
+            continue
+        if r.parent_span_id is not None:
             problems.append(f"root span {r.span_id} has a parent {r.parent_span_id} not in the trace")
+        if len(tops) > 1:
+            # Any other top span lost its parent: part of the trace is missing.
+            problems.extend(_missing_parent_problems([s for s in tops if s is not r]))
+            if complete:
+                complete, incomplete_reason = False, MISSING_PARENT
 
     # Span steps come in span order; steps for requested calls are merged in by their own key.
     steps: list[Step] = []
     requested: list[tuple[tuple[int, int, int, str], Step]] = []
     tool_steps_by_call_id: dict[str, Step] = {}
     tool_steps: list[Step] = []
+    # Model calls that asked for tools none of which were captured (content capture off).
+    hidden: list[NormalisedSpan] = []
     for s in spans:
         step = _span_step(s)
         steps.append(step)
+        if s.hidden_tool_calls:
+            hidden.append(s)
         if step.kind == "tool":
             tool_steps.append(step)
             if step.tool_call_id:
@@ -79,6 +99,13 @@ def build_trajectory(
             step = _requested_step(s, call, results_by_call_id)
             requested.append(((s.end_ns, depth[s.span_id] + 1, n, s.span_id), step))
 
+    if hidden:
+        uncovered = _uncovered_requests(hidden, tool_steps, spans, by_id)
+        if uncovered:
+            problems.extend(_hidden_calls_problems(uncovered))
+            if complete:
+                complete, incomplete_reason = False, TOOL_CALLS_NOT_CAPTURED
+
     if requested:
         drafts = [((s.start_ns, depth[s.span_id], s.end_ns, s.span_id), st) for s, st in zip(spans, steps, strict=True)]
         drafts.extend(requested)
@@ -97,7 +124,6 @@ def build_trajectory(
             continue  # the usual case (resource attributes repeated on every span): nothing new
         for k, v in a.items():
             attributes.setdefault(k, v)
-    trace_ids = list(dict.fromkeys(s.trace_id for s in spans))
     agent_steps = [st for st in steps if st.kind == "agent"]
     agent = agent_steps[0].name if agent_steps else next((st.agent for st in steps if st.agent), None)
     service = attributes.get("service.name")
@@ -117,6 +143,61 @@ def build_trajectory(
         attributes=attributes,
         problems=problems,
     )
+
+
+def _uncovered_requests(
+    hidden: list[NormalisedSpan],
+    tool_steps: list[Step],
+    spans: list[NormalisedSpan],
+    by_id: dict[str, NormalisedSpan],
+) -> list[NormalisedSpan]:
+    """The hidden requests nothing in the trace accounts for: no tool span starts at or after
+    the request in its trace, and the model call is not recorded a second time (a framework's
+    span around the client library's, parent or child) with the calls named."""
+    last_tool_start: dict[str, int] = {}
+    for step in tool_steps:  # in start order: the last one per trace starts last
+        last_tool_start[step.trace_id] = step.start_ns
+    late = [s for s in hidden if last_tool_start.get(s.trace_id, -1) < s.start_ns]
+    if not late:
+        return late
+    named = {s.span_id for s in spans if s.kind == "llm" and s.requested_calls}
+    named_parents = {by_id[s].parent_span_id for s in named}
+    return [s for s in late if s.parent_span_id not in named and s.span_id not in named_parents]
+
+
+_MAX_NAMED = 5
+
+
+def _missing_parent_problems(orphans: list[NormalisedSpan]) -> list[str]:
+    """One line per missing parent, naming (some of) the spans that point at it."""
+    by_parent: dict[str | None, list[NormalisedSpan]] = {}
+    for s in orphans:
+        by_parent.setdefault(s.parent_span_id, []).append(s)
+    lines = []
+    for parent, group in by_parent.items():
+        where = ", ".join(f"{s.span_id} ({s.span_name})" for s in group[:_MAX_NAMED])
+        more = f" and {len(group) - _MAX_NAMED} more" if len(group) > _MAX_NAMED else ""
+        noun = "spans" if len(group) > 1 else "span"
+        lines.append(f"parent span {parent} of {noun} {where}{more} is not in the trace: part of the trace is missing")
+    return lines
+
+
+def _hidden_calls_problems(spans: list[NormalisedSpan]) -> list[str]:
+    """One line per convention: which model calls asked for tools the trace does not show, and
+    how to make that instrumentation record them."""
+    by_convention: dict[str, list[NormalisedSpan]] = {}
+    for s in spans:
+        by_convention.setdefault(s.convention, []).append(s)
+    lines = []
+    for convention, group in by_convention.items():
+        where = ", ".join(f"{s.span_id} ({s.span_name})" for s in group[:_MAX_NAMED])
+        where += f" and {len(group) - _MAX_NAMED} more" if len(group) > _MAX_NAMED else ""
+        hint = CAPTURE_HINTS.get(convention) or CAPTURE_HINTS["unknown"]
+        lines.append(
+            f"tool calls requested but not captured (no call names, no tool span after the request) in "
+            f"span{'s' if len(group) > 1 else ''} {where}; to capture them, {hint}"
+        )
+    return lines
 
 
 def _depths(spans: list[NormalisedSpan], by_id: dict[str, NormalisedSpan]) -> dict[str, int]:

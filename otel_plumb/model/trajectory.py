@@ -67,6 +67,9 @@ class NormalisedSpan:
     attributes: dict[str, Any] = field(default_factory=dict)
     # Values present but not understood, as "attribute: reason" lines for coverage.
     problems: list[str] = field(default_factory=list)
+    # A model call whose finish reason says it asked for tool calls, none of which were
+    # captured (content capture off): the trace cannot say which tools were called.
+    hidden_tool_calls: bool = False
 
     @property
     def is_root(self) -> bool:
@@ -113,7 +116,9 @@ class Trajectory:
     trace_ids: list[str]
     steps: list[Step]
     complete: bool = True
-    # Why the trajectory is incomplete: "max_wait", "evicted", "span_limit", "no_root", "shutdown".
+    # Why the trajectory is incomplete: "max_wait", "evicted", "span_limit", "no_root", "shutdown",
+    # "missing_parent" (a span's parent is not in the trace), "tool_calls_not_captured" (a model
+    # call asked for tools the trace does not show).
     incomplete_reason: str | None = None
     root_span_id: str | None = None
     service: str | None = None

@@ -78,18 +78,31 @@ _TOKEN_PAIRS = (
 )
 _TOTAL_TOKEN_KEYS = ("gen_ai.usage.total_tokens", "llm.token_count.total", "llm.usage.total_tokens")
 
+# Span attributes holding a model call's finish reason(s); instrumentations keep them when content
+# capture is off: OTel GenAI (opentelemetry-instrumentation-openai-v2, OpenLLMetry 0.5x and later,
+# LangSmith) ``gen_ai.response.finish_reasons``, OpenInference ``llm.finish_reason``, Vercel AI SDK
+# ``ai.response.finishReason``; older OpenLLMetry writes ``gen_ai.completion.N.finish_reason``.
+_FINISH_KEYS = frozenset({"gen_ai.response.finish_reasons", "llm.finish_reason", "ai.response.finishReason"})
+_FLAT_FINISH = ("gen_ai.completion.", ".finish_reason")
+# Finish reasons meaning "the model asked for tool calls": OpenAI "tool_calls" (legacy
+# "function_call"), the GenAI enum "tool_call", Vercel "tool-calls", Anthropic/Bedrock "tool_use".
+_TOOL_FINISH_REASONS = frozenset({"tool_calls", "tool_call", "tool-calls", "tool_use", "function_call"})
+
 
 class Shape:
     """What the shared fields need from a span's attribute keys, worked out once per key set:
     the session and token keys present, and how each kept attribute is kept."""
 
-    __slots__ = ("kept", "session_keys", "token_pairs", "total_keys")
+    __slots__ = ("finish_keys", "kept", "session_keys", "token_pairs", "total_keys")
 
     def __init__(self, keys: tuple[str, ...]) -> None:
         present = set(keys)
         self.session_keys = tuple(k for k in SESSION_KEYS if k in present)
         self.token_pairs = tuple(p for p in _TOKEN_PAIRS if p[0] in present or p[1] in present)
         self.total_keys = tuple(k for k in _TOTAL_TOKEN_KEYS if k in present)
+        self.finish_keys = tuple(
+            k for k in keys if k in _FINISH_KEYS or (k.startswith(_FLAT_FINISH[0]) and k.endswith(_FLAT_FINISH[1]))
+        )
         self.kept = tuple((k, rule) for k in keys if (rule := _rule(k, resource=False)) != _DROP)
 
 
@@ -120,8 +133,32 @@ def finish(span: SpanRecord, out: NormalisedSpan, shape: Shape) -> None:
             if value is not None and value != "":
                 out.session_id = str(value)
                 break
-    if out.kind == "llm" and out.tokens is None:
-        out.tokens = tokens_of(a, shape.token_pairs, shape.total_keys)
+    if out.kind == "llm":
+        if out.tokens is None:
+            out.tokens = tokens_of(a, shape.token_pairs, shape.total_keys)
+        if not out.requested_calls and (shape.finish_keys or span.events):
+            out.hidden_tool_calls = asks_for_tools(span, shape.finish_keys)
+
+
+def asks_for_tools(span: SpanRecord, finish_keys: tuple[str, ...]) -> bool:
+    """Whether the model call's finish reason says it asked for tool calls: on the span's finish
+    reason attributes, or on its ``gen_ai.choice`` events (the event-based GenAI form, Strands)."""
+    a = span.attributes
+    for key in finish_keys:
+        if _is_tool_finish(a[key]):
+            return True
+    return any(e.name == "gen_ai.choice" and _is_tool_finish(e.attributes.get("finish_reason")) for e in span.events)
+
+
+def _is_tool_finish(value: Any) -> bool:
+    if isinstance(value, str):
+        if value.startswith("["):
+            value = decode(value).value
+        else:
+            return value.strip().lower() in _TOOL_FINISH_REASONS
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(v, str) and v.strip().lower() in _TOOL_FINISH_REASONS for v in value)
+    return False
 
 
 def error_of(span: SpanRecord) -> str | None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 CAPTURE_HINTS: dict[str, str] = {
     "otel_genai": (
         "set OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY (or true) and "
-        "OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental so arguments land on the spans"
+        "OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental so arguments land on the spans "
+        "(OpenLLMetry instrumentations: TRACELOOP_TRACE_CONTENT=true)"
     ),
     "mcp": (
         "use an MCP instrumentation that records gen_ai.tool.call.arguments (opt-in content capture, e.g. "

@@ -5,7 +5,10 @@ Tool spans: ``tool.name``, arguments in ``tool_call.function.arguments`` or ``in
 result in ``output.value``, ``tool_call.id``. Model spans flatten messages into attributes:
 ``llm.output_messages.N.message.tool_calls.M.tool_call.function.name`` / ``.arguments`` /
 ``tool_call.id`` are the requested calls; ``llm.input_messages.N.message.role == "tool"`` with
-``.message.tool_call_id`` and ``.message.content`` are the results given back.
+``.message.tool_call_id`` and ``.message.content`` are the results given back. With the messages
+hidden (``OPENINFERENCE_HIDE_OUTPUT_MESSAGES`` / ``..._INPUT_MESSAGES``) but not the payloads,
+``output.value`` / ``input.value`` still hold the provider's response and request as JSON, and
+are read instead.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, StepKind
+from otel_plumb.normalise import messages
 from otel_plumb.normalise.common import as_str, first_str, flat_calls, flat_results, flattened, set_args, set_first_args
 from otel_plumb.normalise.values import decode
 
@@ -66,6 +70,16 @@ def _is_schema(value: Any) -> bool:
 
 def _read_messages(out: NormalisedSpan, a: Mapping[str, Any]) -> None:
     outputs = flattened(a, "llm.output_messages.")
-    out.requested_calls.extend(flat_calls(outputs, "message.tool_calls.", _CALL_FIELDS))
+    if outputs:
+        out.requested_calls.extend(flat_calls(outputs, "message.tool_calls.", _CALL_FIELDS))
+    elif "output.value" in a:
+        payload = decode(a["output.value"])
+        if payload.status == "captured":
+            out.requested_calls.extend(messages.requested_calls(payload.value))
     inputs = flattened(a, "llm.input_messages.")
-    out.tool_results.update(flat_results(inputs, "message.role", "message.tool_call_id", "message.content"))
+    if inputs:
+        out.tool_results.update(flat_results(inputs, "message.role", "message.tool_call_id", "message.content"))
+    elif "input.value" in a:
+        payload = decode(a["input.value"])
+        if payload.status == "captured":
+            out.tool_results.update(messages.tool_results(payload.value))
