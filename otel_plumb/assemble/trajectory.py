@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from otel_plumb.model.trajectory import NormalisedSpan, RequestedCall, Step, Trajectory
+from otel_plumb.model.trajectory import (
+    MISSING_PARENT,
+    TOOL_CALLS_NOT_CAPTURED,
+    UNRECOGNISED_SPANS,
+    NormalisedSpan,
+    RequestedCall,
+    Step,
+    Trajectory,
+)
 from otel_plumb.normalise.hints import CAPTURE_HINTS
 
-MISSING_PARENT = "missing_parent"
-TOOL_CALLS_NOT_CAPTURED = "tool_calls_not_captured"
+# Unrecognised spans named in the problem line, at most.
+_NAMED = 5
 
 
 def build_trajectory(
@@ -65,11 +73,15 @@ def build_trajectory(
     tool_steps: list[Step] = []
     # Model calls that asked for tools none of which were captured (content capture off).
     hidden: list[NormalisedSpan] = []
+    # Spans that look like an agent's but follow no convention read here: tool calls may be in them.
+    unrecognised: list[NormalisedSpan] = []
     for s in spans:
         step = _span_step(s)
         steps.append(step)
         if s.hidden_tool_calls:
             hidden.append(s)
+        if s.convention == "unrecognised":
+            unrecognised.append(s)
         if step.kind == "tool":
             tool_steps.append(step)
             if step.tool_call_id:
@@ -105,6 +117,12 @@ def build_trajectory(
             problems.extend(_hidden_calls_problems(uncovered))
             if complete:
                 complete, incomplete_reason = False, TOOL_CALLS_NOT_CAPTURED
+
+    if unrecognised:
+        problems = list(dict.fromkeys(problems))  # one line per unrecognised span shape, not per span
+        problems.append(_unrecognised_problem(unrecognised))
+        if complete:
+            complete, incomplete_reason = False, UNRECOGNISED_SPANS
 
     if requested:
         drafts = [((s.start_ns, depth[s.span_id], s.end_ns, s.span_id), st) for s, st in zip(spans, steps, strict=True)]
@@ -166,6 +184,16 @@ def _uncovered_requests(
 
 
 _MAX_NAMED = 5
+
+
+def _unrecognised_problem(spans: list[NormalisedSpan]) -> str:
+    names = list(dict.fromkeys(s.span_name for s in spans))
+    more = f" and {len(names) - _NAMED} more" if len(names) > _NAMED else ""
+    shown = ", ".join(repr(n) for n in names[:_NAMED]) + more
+    return (
+        f"{len(spans)} span(s) look like an agent framework's but follow no convention otel-plumb reads "
+        f"({shown}): tool calls may be hidden in them, so checks on which tools were called are indeterminate"
+    )
 
 
 def _missing_parent_problems(orphans: list[NormalisedSpan]) -> list[str]:

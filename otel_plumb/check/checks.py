@@ -49,17 +49,25 @@ class Run:
     expressions read are built lazily, once per trajectory and set of fields.
 
     ``provisional``: the trajectory is still in flight (so never ``complete``) and its step
-    indices may change."""
+    indices may change. ``reason``: why it is not complete (the trajectory's own reason, or
+    one the policy found: a span named like one of its tools that no convention reads)."""
 
-    __slots__ = ("_cel_steps", "complete", "ctx", "provisional", "trajectory")
+    __slots__ = ("_cel_steps", "complete", "ctx", "provisional", "reason", "trajectory")
 
     def __init__(
-        self, trajectory: Trajectory, ctx: dict[str, Any], complete: bool, *, provisional: bool = False
+        self,
+        trajectory: Trajectory,
+        ctx: dict[str, Any],
+        complete: bool,
+        *,
+        provisional: bool = False,
+        reason: str | None = None,
     ) -> None:
         self.trajectory = trajectory
         self.ctx = ctx
         self.complete = complete
         self.provisional = provisional
+        self.reason = reason if reason is not None else trajectory.incomplete_reason
         self._cel_steps: dict[frozenset[str], list[dict[str, Any]]] = {}
 
     def where(self, step: Step) -> str:
@@ -160,15 +168,12 @@ def _calls(steps: Sequence[Step], tools: Tools, *, attempts: bool = False) -> li
     return [s for s in steps if s.kind == "tool" and s.name in tools and (attempts or s.error is None)]
 
 
-# Incomplete reasons that mean spans were lost from anywhere in the trajectory (not only that
-# later spans have not arrived yet): a fail that an earlier missing step could undo is not final.
-DATA_LOST = frozenset({"unreadable_input", "unreadable_span", "missing_parent", "tool_calls_not_captured"})
 
 
 class Check:
     """Base: ``early`` marks kinds whose fail on a partial trajectory is final (SPEC 6);
     ``final_fail`` whether a fail on an incomplete trajectory stands; ``fail_survives_lost_data``
-    whether it stands when spans may be missing from anywhere (``DATA_LOST``)."""
+    whether it stands when spans may be missing from anywhere (``model.trajectory.DATA_LOST``)."""
 
     early = False
     final_fail = True

@@ -18,6 +18,7 @@ from otel_plumb.check.expr import EvaluationError, Expression, ExpressionError
 from otel_plumb.check.source import LocatedYaml, load_located, plain_value
 from otel_plumb.check.values import MISSING, lookup, parse_path
 from otel_plumb.model import Severity, Step, Trajectory, Verdict
+from otel_plumb.model.trajectory import DATA_LOST, UNRECOGNISED_SPANS
 
 GUARD_VARIABLES = ("ctx", "steps", "trajectory")
 ARG_VARIABLES = ("args", "result", "ctx", "step", "steps", "trajectory")
@@ -163,13 +164,13 @@ class CompiledInvariant:
         out = self.check.run(run, steps)
         # On an incomplete trajectory more spans could still undo a pass, or a fail of a non-monotone
         # check, or (when spans were lost, not just not yet arrived) a fail that needs an earlier step.
-        lost = t.incomplete_reason in ck.DATA_LOST
+        lost = run.reason in DATA_LOST
         if not run.complete and (
             out.verdict == "pass"
             or (out.verdict == "fail" and not self.check.final_fail)
             or (out.verdict == "fail" and lost and not self.check.fail_survives_lost_data)
         ):
-            reason = t.incomplete_reason or "incomplete"
+            reason = run.reason or "incomplete"
             detail = f" ({out.message})" if out.message else ""
             return ck.Outcome(
                 "indeterminate", out.step, f"trajectory {reason}: would be {out.verdict}{detail}", out.expected, out.got
@@ -198,9 +199,37 @@ class CompiledPolicy:
         self._task_attribute = task_attribute
         self._context_file = context_file
         self._early = [inv for inv in invariants if inv.early]
+        self._tools = self.tool_names
 
     def __repr__(self) -> str:
         return f"CompiledPolicy({self.name!r}, {len(self.invariants)} invariants)"
+
+    def _unread_tool_span(self, trajectory: Trajectory) -> str | None:
+        """A problem line when a span no convention reads carries one of the policy's tool names."""
+        # Tools the trajectory shows calls of are read; the root is the application's own span.
+        tools = self._tools - {s.name for s in trajectory.steps if s.kind == "tool"}
+        if not tools:
+            return None
+        for step in trajectory.steps:
+            if step.kind == "other" and step.convention in ("unknown", "unrecognised") and step.parent_span_id:
+                named = next((tool for tool in tools if tool in step.name), None)
+                if named is not None:
+                    return (f"span {step.span_id} ({step.name!r}) names the tool {named!r} of policy {self.name} but "
+                            "follows no convention otel-plumb reads: checks on which tools were called are "
+                            "indeterminate")  # fmt: skip
+        return None
+
+    @property
+    def tool_names(self) -> frozenset[str]:
+        """Every tool an invariant names (coverage looks for them in spans no convention reads)."""
+        names: set[str] = set()
+        for inv in self.invariants:
+            # The tool sets a check keeps, whatever its kind calls them.
+            for field in ("tools", "first", "then", "trigger"):
+                value = getattr(inv.check, field, None)
+                if isinstance(value, frozenset):
+                    names |= value
+        return frozenset(names)
 
     @property
     def task_attribute(self) -> str | None:
@@ -227,7 +256,14 @@ class CompiledPolicy:
         return ctx
 
     def evaluate(self, trajectory: Trajectory) -> list[Verdict]:
-        run = ck.Run(trajectory, self.context(trajectory), trajectory.complete)
+        unread = None if not trajectory.complete else self._unread_tool_span(trajectory)
+        if unread is not None:
+            # Unrecognised is not absent: a span named like one of the policy's tools that no
+            # convention reads may be that tool's call.
+            run = ck.Run(trajectory, self.context(trajectory), False, reason=UNRECOGNISED_SPANS)
+            trajectory.problems.append(unread)
+        else:
+            run = ck.Run(trajectory, self.context(trajectory), trajectory.complete)
         return [inv.evaluate(run) for inv in self.invariants]
 
     def early_failures(self, trajectory: Trajectory) -> list[Verdict]:

@@ -35,9 +35,10 @@ def build_report(result: ReplayResult, policies: Sequence[CompiledPolicy] = ()) 
     counts the trajectories without the policies' task keys), errors and inputs."""
     decided = [decide(policies, t) for t in result.trajectories]
     tasks = [p.task_attribute for p in policies if p.task_attribute]
+    tools = {t for p in policies for t in p.tool_names}
     report = json_report.build_report(
         json_report.report_body(policies, decided),
-        coverage_report(result.trajectories, result.stats, tasks),
+        coverage_report(result.trajectories, result.stats, tasks, tools),
         [e.record() for e in result.errors],
     )
     report["errors_total"] = result.stats.errors_total

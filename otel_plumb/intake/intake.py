@@ -15,11 +15,9 @@ from dataclasses import dataclass
 
 from otel_plumb.assemble import AddOutcome, Assembler, AssemblyLimits, Finished
 from otel_plumb.model import NormalisedSpan, SpanRecord, Trajectory
+from otel_plumb.model.trajectory import UNREADABLE_INPUT, UNREADABLE_SPAN
 from otel_plumb.normalise import normalise
 
-# Incomplete reasons set here (the assembler and build_trajectory set the others).
-UNREADABLE_SPAN = "unreadable_span"
-UNREADABLE_INPUT = "unreadable_input"
 # Traces with marks kept at once; past this the oldest marks go (they belong to traces long
 # decided: a mark is read when its trace is).
 MAX_MARKED_TRACES = 100_000

@@ -22,6 +22,18 @@ RESERVED_PREFIX = "plumb."
 CASE_ID, VARIANT_ID, TRIAL_ID, ARM = "plumb.case.id", "plumb.variant.id", "plumb.trial.id", "plumb.arm"
 CONTEXT_PREFIX = "plumb.context."
 
+# Incomplete reasons meaning spans (or what they say) may be missing from anywhere in the
+# trajectory, not only that later spans have not arrived: a span could not be read, a region of
+# the input that may have held spans could not be read, a span's parent is not in the trace, a
+# model call asked for tools the trace does not show, spans look like an agent's but follow no
+# convention read here.
+UNREADABLE_SPAN = "unreadable_span"
+UNREADABLE_INPUT = "unreadable_input"
+MISSING_PARENT = "missing_parent"
+TOOL_CALLS_NOT_CAPTURED = "tool_calls_not_captured"
+UNRECOGNISED_SPANS = "unrecognised_spans"
+DATA_LOST = frozenset({UNREADABLE_SPAN, UNREADABLE_INPUT, MISSING_PARENT, TOOL_CALLS_NOT_CAPTURED, UNRECOGNISED_SPANS})
+
 
 @dataclass(slots=True)
 class RequestedCall:
@@ -117,8 +129,7 @@ class Trajectory:
     steps: list[Step]
     complete: bool = True
     # Why the trajectory is incomplete: "max_wait", "evicted", "span_limit", "no_root", "shutdown",
-    # "missing_parent" (a span's parent is not in the trace), "tool_calls_not_captured" (a model
-    # call asked for tools the trace does not show).
+    # or one of the DATA_LOST reasons below.
     incomplete_reason: str | None = None
     root_span_id: str | None = None
     service: str | None = None

@@ -3,11 +3,15 @@
 Dispatch is a few dict lookups, not a trial of every reader: first the instrumentation scope
 (frameworks that emit GenAI-shaped spans with their own extras), then marker attributes that
 only one convention writes, in order, then well-known span names. A span matching nothing is
-kept as kind ``other`` with convention ``unknown``.
+kept as kind ``other``: with convention ``unrecognised`` when it looks like an agent's (its
+attribute keys or name speak of tools, agents, model calls) so the trajectory can say that
+tool calls may be hidden in it, else ``unknown`` (application spans, and HTTP, database,
+messaging and RPC spans, which their own semantic conventions identify).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 
 from otel_plumb.model.span import SpanRecord
@@ -63,10 +67,28 @@ def _scope_or_marker_reader(scope_name: str, a: Collection[str]) -> Reader | Non
     return None
 
 
+# Attributes of the HTTP, database, messaging and RPC semantic conventions: such a span is a plain
+# client or server span whatever its name says ("POST /v1/chat/completions").
+INFRASTRUCTURE_KEYS = frozenset({
+    "http.request.method", "http.method", "url.full", "http.url", "db.system", "db.system.name",
+    "messaging.system", "rpc.system",
+})  # fmt: skip
+# What an agent framework's own spans speak of, in attribute keys or span names.
+_AGENTIC_KEY = re.compile(r"tool|agent|llm|prompt|completion|handoff|crew", re.IGNORECASE)
+_AGENTIC_NAME = re.compile(r"(?<![a-z])(tools?|agents?|llm|completions?|handoffs?|crews?)(?![a-z])", re.IGNORECASE)
+
+
+def _unrecognised_keys(keys: tuple[str, ...]) -> bool:
+    """No convention reads the span, and its attributes look like an agent framework's."""
+    if INFRASTRUCTURE_KEYS.intersection(keys):
+        return False
+    return any(_AGENTIC_KEY.search(k) for k in keys if not k.startswith("plumb."))
+
+
 # Spans of one instrumentation repeat the same scope and attribute keys: what dispatch and the
 # shared fields need from those keys is worked out once per (scope, keys) and reused. Bounded,
 # so odd key spaces (flattened message lists) cannot grow it forever.
-_shapes: dict[tuple[str, tuple[str, ...]], tuple[Reader | None, Shape]] = {}
+_shapes: dict[tuple[str, tuple[str, ...]], tuple[Reader | None, Shape, bool]] = {}
 _SHAPES_MAX = 10_000
 
 
@@ -76,12 +98,17 @@ def normalise(span: SpanRecord) -> NormalisedSpan:
     if cached is None:
         if len(_shapes) >= _SHAPES_MAX:
             _shapes.clear()
-        cached = _shapes[cache_key] = (_scope_or_marker_reader(*cache_key), Shape(cache_key[1]))
-    reader, shape = cached
+        keys = cache_key[1]
+        cached = _shapes[cache_key] = (_scope_or_marker_reader(*cache_key), Shape(keys), _unrecognised_keys(keys))
+    reader, shape, agentic_keys = cached
     out = base(span, shape)
     if reader is None:
         reader = BY_SPAN_NAME.get(span.name)
     if reader is not None:
         reader(span, out)
+    elif agentic_keys or (_AGENTIC_NAME.search(span.name) and not INFRASTRUCTURE_KEYS.intersection(span.attributes)):
+        out.convention = "unrecognised"
+        namespaces = sorted({k.split(".", 1)[0] for k in span.attributes}) or ["none"]
+        out.problems.append(f"unrecognised span {span.name!r}: attribute namespaces {', '.join(namespaces[:10])}")
     finish(span, out, shape)
     return out

@@ -25,8 +25,12 @@ TOP_N = 20
 class CoverageCounter:
     """Accumulates coverage one trajectory at a time (replay streams them)."""
 
-    def __init__(self, task_attributes: Sequence[str] = ()) -> None:
+    def __init__(self, task_attributes: Sequence[str] = (), tool_names: Iterable[str] = ()) -> None:
         self.task_attributes = (CASE_ID, *task_attributes)
+        # The policies' tool names: found in an unrecognised span's name, a sign of a missed convention.
+        self.tool_names = frozenset(tool_names)
+        self.unrecognised: Counter[str] = Counter()
+        self.tools_in_unrecognised: Counter[str] = Counter()
         self.trajectories = 0
         self.spans = 0
         self.conventions: Counter[str] = Counter()
@@ -72,6 +76,11 @@ class CoverageCounter:
                 self.kinds[step.kind] += 1
                 if step.kind == "other" and step.convention == "unknown":
                     self.not_understood[step.name] += 1
+                elif step.convention == "unrecognised":
+                    self.unrecognised[step.name] += 1
+                    for tool in self.tool_names:
+                        if tool in step.name:
+                            self.tools_in_unrecognised[tool] += 1
             if step.kind != "tool":
                 continue
             self.tool_calls += 1
@@ -125,6 +134,11 @@ class CoverageCounter:
             "not_understood": {
                 "spans": sum(self.not_understood.values()),
                 "names": dict(self.not_understood.most_common(TOP_N)),
+            },
+            "unrecognised": {
+                "spans": sum(self.unrecognised.values()),
+                "names": dict(self.unrecognised.most_common(TOP_N)),
+                "policy_tools_in_names": dict(self.tools_in_unrecognised.most_common(TOP_N)),
             },
             "incomplete": {"trajectories": sum(self.incomplete.values()), "by_reason": dict(self.incomplete)},
             "without_root": self.without_root,
@@ -202,6 +216,21 @@ class CoverageCounter:
                 f"{unknown} of {total_spans} spans follow no known convention (e.g. {names}): they are kept as "
                 "'other' steps and never count as tool calls."
             )
+        unrecognised = sum(self.unrecognised.values())
+        if unrecognised:
+            names = ", ".join(repr(n) for n, _ in self.unrecognised.most_common(3))
+            notes.append(
+                f"{unrecognised} spans look like an agent framework's (they speak of tools, agents or model calls) but "
+                f"follow no convention otel-plumb reads (e.g. {names}): their trajectories are incomplete "
+                "(unrecognised_spans) and checks on which tools were called are indeterminate. See the problems for "
+                "their attribute namespaces; instrument the agent with OpenInference or the OTel GenAI conventions."
+            )
+        if self.tools_in_unrecognised:
+            tools = ", ".join(repr(t) for t, _ in self.tools_in_unrecognised.most_common(3))
+            notes.append(
+                f"The policies' tools {tools} appear in the names of unrecognised spans: a strong sign that a "
+                "framework's tool calls are there but in a convention otel-plumb does not read."
+            )
         incomplete = sum(self.incomplete.values())
         if incomplete:
             reasons = ", ".join(f"{r}: {n}" for r, n in self.incomplete.most_common())
@@ -239,9 +268,12 @@ class CoverageCounter:
 
 
 def coverage_report(
-    trajectories: Iterable[Trajectory], stats: ReplayStats | None = None, task_attributes: Sequence[str] = ()
+    trajectories: Iterable[Trajectory],
+    stats: ReplayStats | None = None,
+    task_attributes: Sequence[str] = (),
+    tool_names: Iterable[str] = (),
 ) -> dict[str, Any]:
-    counter = CoverageCounter(task_attributes)
+    counter = CoverageCounter(task_attributes, tool_names)
     for t in trajectories:
         counter.add(t)
     return counter.report(stats)
