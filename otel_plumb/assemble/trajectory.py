@@ -130,6 +130,8 @@ def build_trajectory(
         drafts.sort(key=lambda d: d[0])
         steps = [step for _, step in drafts]
     _merge_nested_model_calls(steps)
+    _order_parallel_calls(steps, spans)
+    _delegations_and_handoffs(steps, by_id)
     _assign_agents(steps, by_id)
     for i, step in enumerate(steps):
         step.index = i
@@ -344,6 +346,75 @@ def _merge_nested_model_calls(steps: list[Step]) -> None:
         if outer.tokens is None:
             outer.tokens = st.tokens
         st.kind, st.tokens = "other", None
+
+
+def _order_parallel_calls(steps: list[Step], spans: list[NormalisedSpan]) -> None:
+    """Tool calls the model asked for in one turn run in the order it asked for them, whatever
+    their start times say (they often start together, or in thread order): among their own
+    places in the trajectory they are put in request order."""
+    turn_of: dict[str, tuple[str, int]] = {}
+    for s in spans:
+        if len(s.requested_calls) > 1:
+            for n, call in enumerate(s.requested_calls):
+                if call.tool_call_id:
+                    turn_of[call.tool_call_id] = (s.span_id, n)
+    if not turn_of:
+        return
+    turns: dict[str, list[tuple[int, int]]] = {}
+    for i, st in enumerate(steps):
+        if st.kind == "tool" and st.source == "span" and st.tool_call_id in turn_of:
+            turn, n = turn_of[st.tool_call_id]
+            turns.setdefault(turn, []).append((n, i))
+    for calls in turns.values():
+        if len(calls) > 1:
+            places = sorted(i for _, i in calls)
+            ordered = [steps[i] for _, i in sorted(calls)]
+            for place, step in zip(places, ordered, strict=True):
+                steps[place] = step
+
+
+# Tools that hand control to another agent, named in their arguments (Google ADK's
+# transfer_to_agent, Strands' handoff_to_agent swarm tool).
+_HANDOFF_TOOLS = frozenset({"transfer_to_agent", "handoff_to_agent"})
+# transfer_to_<agent> (LangGraph supervisors, OpenAI Agents' requested handoffs) when <agent> is
+# an agent of the trajectory; a tool such as transfer_to_savings stays a tool.
+_TRANSFER_PREFIX = "transfer_to_"
+
+
+def _delegations_and_handoffs(steps: list[Step], by_id: dict[str, NormalisedSpan]) -> None:
+    """A tool whose run is another agent's run (an agent used as a tool) is not a tool the agent
+    ran: it becomes an ``other`` step, and the sub-agent's own agent step and tool steps tell
+    what happened. A handoff (control passes to another agent) is an ``agent`` step naming the
+    target agent, not a tool call."""
+    agents = [st for st in steps if st.kind == "agent"]
+    if not agents:
+        return
+    tool_of_span = {st.span_id: st for st in steps if st.kind == "tool" and st.source == "span"}
+    for agent in agents:
+        if agent.source != "span":
+            continue
+        span = by_id.get(agent.span_id)
+        cur = by_id.get(span.parent_span_id) if span is not None and span.parent_span_id else None
+        hops = 0
+        while cur is not None and cur.kind != "agent" and hops <= len(by_id):
+            tool = tool_of_span.get(cur.span_id)
+            if tool is not None:
+                tool.kind = "other"
+                break
+            cur = by_id.get(cur.parent_span_id) if cur.parent_span_id else None
+            hops += 1
+    names = {st.name for st in agents}
+    for st in steps:
+        if st.kind != "tool":
+            continue
+        target: str | None = None
+        if st.name in _HANDOFF_TOOLS and st.args_status == "captured" and isinstance(st.args, dict):
+            value = st.args.get("agent_name")
+            target = value if isinstance(value, str) and value else None
+        elif st.name.startswith(_TRANSFER_PREFIX) and st.name[len(_TRANSFER_PREFIX) :] in names:
+            target = st.name[len(_TRANSFER_PREFIX) :]
+        if target is not None:
+            st.kind, st.name = "agent", target
 
 
 def _assign_agents(steps: list[Step], by_id: dict[str, NormalisedSpan]) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from otel_plumb.model.span import STATUS_ERROR, SpanRecord
 from otel_plumb.model.trajectory import RESERVED_PREFIX, NormalisedSpan, RequestedCall
-from otel_plumb.normalise.values import decode, is_placeholder
+from otel_plumb.normalise.values import decode, is_placeholder, unwrap_call
 
 # A convention reader fills in kind, name, convention, args, ... on a base NormalisedSpan.
 Reader = Callable[[SpanRecord, NormalisedSpan], None]
@@ -277,6 +277,11 @@ def set_args(out: NormalisedSpan, raw: Any, source: str) -> bool:
     d = decode(raw)
     if d.status == "absent":
         return False
+    if d.status == "captured":
+        unwrapped = unwrap_call(d.value)
+        if unwrapped is not None:
+            d = unwrapped
+            source = f"{source} (call wrapper)"
     out.args_status = d.status
     out.args_source = source
     if d.status == "captured":
@@ -376,20 +381,6 @@ def flat_results(messages: list[dict[str, Any]], role_key: str, id_key: str, con
             content = decode(message.get(content_key))
             out[call_id] = content.value if content.status == "captured" else None
     return out
-
-
-def unwrap_call(value: Any) -> Any:
-    """``{"args": [], "kwargs": {...}}`` -> the kwargs; ``{"input": "<json object>"}`` -> the object."""
-    if isinstance(value, dict):
-        if value and set(value) <= {"args", "kwargs"}:
-            args, kwargs = value.get("args") or [], value.get("kwargs") or {}
-            if not args and isinstance(kwargs, dict):
-                return kwargs
-        elif set(value) == {"input"} and isinstance(value["input"], str):
-            inner = decode(value["input"]).value
-            if isinstance(inner, dict):
-                return inner
-    return value
 
 
 _MCP_RESULT_KEYS = frozenset({"content", "isError", "structuredContent", "_meta"})

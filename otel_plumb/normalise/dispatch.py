@@ -67,12 +67,14 @@ def _scope_or_marker_reader(scope_name: str, a: Collection[str]) -> Reader | Non
     return None
 
 
-# Attributes of the HTTP, database, messaging and RPC semantic conventions: such a span is a plain
-# client or server span whatever its name says ("POST /v1/chat/completions").
-INFRASTRUCTURE_KEYS = frozenset({
-    "http.request.method", "http.method", "url.full", "http.url", "db.system", "db.system.name",
-    "messaging.system", "rpc.system",
-})  # fmt: skip
+# Attribute namespaces of the HTTP, database, messaging and RPC semantic conventions: such a span
+# is a plain client, server or messaging span whatever its name says ("POST /v1/chat/completions",
+# an agent runtime's "process <agent>" message delivery).
+INFRASTRUCTURE_PREFIXES = ("http.", "url.", "db.", "messaging.", "rpc.")
+
+
+def _infrastructure(keys: Collection[str]) -> bool:
+    return any(k.startswith(INFRASTRUCTURE_PREFIXES) for k in keys)
 # What an agent framework's own spans speak of, in attribute keys or span names.
 _AGENTIC_KEY = re.compile(r"tool|agent|llm|prompt|completion|handoff|crew", re.IGNORECASE)
 _AGENTIC_NAME = re.compile(r"(?<![a-z])(tools?|agents?|llm|completions?|handoffs?|crews?)(?![a-z])", re.IGNORECASE)
@@ -80,7 +82,7 @@ _AGENTIC_NAME = re.compile(r"(?<![a-z])(tools?|agents?|llm|completions?|handoffs
 
 def _unrecognised_keys(keys: tuple[str, ...]) -> bool:
     """No convention reads the span, and its attributes look like an agent framework's."""
-    if INFRASTRUCTURE_KEYS.intersection(keys):
+    if _infrastructure(keys):
         return False
     return any(_AGENTIC_KEY.search(k) for k in keys if not k.startswith("plumb."))
 
@@ -106,7 +108,7 @@ def normalise(span: SpanRecord) -> NormalisedSpan:
         reader = BY_SPAN_NAME.get(span.name)
     if reader is not None:
         reader(span, out)
-    elif agentic_keys or (_AGENTIC_NAME.search(span.name) and not INFRASTRUCTURE_KEYS.intersection(span.attributes)):
+    elif agentic_keys or (_AGENTIC_NAME.search(span.name) and not _infrastructure(span.attributes)):
         out.convention = "unrecognised"
         namespaces = sorted({k.split(".", 1)[0] for k in span.attributes}) or ["none"]
         out.problems.append(f"unrecognised span {span.name!r}: attribute namespaces {', '.join(namespaces[:10])}")

@@ -79,6 +79,9 @@ def read_strands(span: SpanRecord, out: NormalisedSpan) -> None:
                 genai.read_input(out, e.attributes.get("content"), e.name)
 
 
+ADK_MERGED_TOOLS = "(merged tools)"
+
+
 def read_adk(span: SpanRecord, out: NormalisedSpan) -> None:
     a = span.attributes
     kind: StepKind | None = None
@@ -88,7 +91,10 @@ def read_adk(span: SpanRecord, out: NormalisedSpan) -> None:
         elif span.name.startswith(("agent_run", "invoke_agent")):
             kind = "agent"
     genai.read_as(span, out, "google_adk", kind)
-    if out.kind == "tool":
+    if out.kind == "tool" and out.name == ADK_MERGED_TOOLS:
+        # ADK's span around the merged responses of parallel calls (each call has its own span).
+        out.kind = "other"
+    elif out.kind == "tool":
         if out.args_status == "absent":
             set_first_args(out, a, ("gcp.vertex.agent.tool_call_args",))
         if out.result_status == "absent":

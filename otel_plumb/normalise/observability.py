@@ -22,7 +22,7 @@ from typing import Any
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, StepKind
 from otel_plumb.normalise import genai
-from otel_plumb.normalise.common import as_int, error_line, first_str, set_args, set_result, unwrap_call
+from otel_plumb.normalise.common import as_int, error_line, first_str, set_args, set_result
 from otel_plumb.normalise.values import decode
 
 LANGSMITH_KINDS: dict[str, StepKind] = {"tool": "tool", "llm": "llm", "chat_model": "llm"}
@@ -71,8 +71,8 @@ def read_langfuse(span: SpanRecord, out: NormalisedSpan) -> None:
 
 def _read_payloads(out: NormalisedSpan, a: Mapping[str, Any], input_key: str, output_key: str) -> None:
     if out.kind == "tool":
-        if input_key in a and set_args(out, a[input_key], input_key):
-            out.args = unwrap_call(out.args)
+        if input_key in a:
+            set_args(out, a[input_key], input_key)
         if output_key in a:
             set_result(out, a[output_key], output_key)
     elif out.kind == "llm":

@@ -36,20 +36,62 @@ def read(span: SpanRecord, out: NormalisedSpan) -> None:
     if out.kind == "tool":
         _read_tool(span, out, a)
     elif out.kind == "agent":
-        out.name = out.agent or span.name
-        out.agent = out.name
+        name = out.agent or _AGENT_SPAN_NAMES.get(span.scope_name, _same)(span.name)
+        if name is None:
+            # The instrumentation's own span around a run (OpenAI Agents' "Agent workflow"
+            # trace root), not an agent.
+            out.kind = "other"
+            return
+        out.name = out.agent = name
     elif out.kind == "llm":
         out.name = first_str(a, ("llm.model_name",)) or span.name
         _read_messages(out, a)
 
 
+def _same(name: str) -> str | None:
+    return name
+
+
+def _smolagents_agent(name: str) -> str | None:
+    return name.removesuffix(".run") or name  # "refunds.run": the agent named refunds
+
+
+def _no_agent(name: str) -> str | None:
+    return None  # every agent span of its own names the agent in agent.name
+
+
+# How an AGENT span without agent.name names its agent, by instrumentation scope.
+_AGENT_SPAN_NAMES = {
+    "openinference.instrumentation.smolagents": _smolagents_agent,
+    "openinference.instrumentation.openai_agents": _no_agent,
+}
+# A handoff in the OpenAI Agents SDK is a TOOL span "handoff to <agent>" without tool.name.
+_HANDOFF_PREFIX = "handoff to "
+
+# Tools a framework runs itself to end its loop, not the agent's tools (smolagents returns its
+# answer by "calling" final_answer).
+FRAMEWORK_TOOLS = {"openinference.instrumentation.smolagents": frozenset({"final_answer"})}
+
+
 def _read_tool(span: SpanRecord, out: NormalisedSpan, a: Mapping[str, Any]) -> None:
-    out.name = first_str(a, ("tool.name", "tool_call.function.name")) or span.name
+    named = first_str(a, ("tool.name", "tool_call.function.name"))
+    if named is None and span.name.startswith(_HANDOFF_PREFIX):
+        # Control passes to another agent: an agent step naming it, not a tool call.
+        out.kind = "agent"
+        out.name = as_str(decode(a.get("output.value")).value) or span.name[len(_HANDOFF_PREFIX) :]
+        return
+    out.name = named or span.name
+    if out.name in FRAMEWORK_TOOLS.get(span.scope_name, ()):
+        out.kind = "other"
+        return
     out.tool_call_id = first_str(a, ("tool_call.id", "gen_ai.tool.call.id"))
+    params = a.get("tool.parameters")
+    schema = decode(params).value if params is not None else None
     if not set_first_args(out, a, ("tool_call.function.arguments", "input.value")):
-        params = a.get("tool.parameters")
-        if params is not None and not _is_schema(decode(params).value):
+        if params is not None and not _is_schema(schema):
             set_args(out, params, "tool.parameters")
+    elif out.args_status == "captured":
+        _check_against_schema(out, parameter_names(schema))
     result = decode(a.get("output.value"))
     if result.status == "undecodable":
         out.problems.append(f"output.value: {result.reason}")
@@ -67,6 +109,31 @@ def _read_tool(span: SpanRecord, out: NormalisedSpan, a: Mapping[str, Any]) -> N
 def _is_schema(value: Any) -> bool:
     return isinstance(value, dict) and ("properties" in value or value.get("type") == "object")
 
+
+def parameter_names(schema: Any) -> frozenset[str] | None:
+    """A tool's parameter names from its JSON schema (``{"properties": {...}}``) or from a
+    parameter map (``{"order_id": {"type": "string"}}``, as smolagents writes it); None when
+    ``schema`` is neither."""
+    if not isinstance(schema, dict) or not schema:
+        return None
+    props = schema.get("properties")
+    if isinstance(props, dict):
+        return frozenset(props)
+    if all(isinstance(v, dict) and ("type" in v or "description" in v) for v in schema.values()):
+        return frozenset(schema)
+    return None
+
+
+def _check_against_schema(out: NormalisedSpan, names: frozenset[str] | None) -> None:
+    """Arguments that name none of the tool's parameters are a wrapper nobody has unwrapped, not
+    the arguments: undecodable (the model's request, matched by call id, may supply them)."""
+    args = out.args
+    if names is None or not isinstance(args, dict) or not args or args.keys() <= names:
+        return
+    out.args, out.args_status = None, "undecodable"
+    out.problems.append(
+        f"{out.args_source}: {sorted(args)[:5]} are not the parameters of {out.name} ({sorted(names)[:5]})"
+    )
 
 def _read_messages(out: NormalisedSpan, a: Mapping[str, Any]) -> None:
     outputs = flattened(a, "llm.output_messages.")

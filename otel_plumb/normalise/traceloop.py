@@ -24,7 +24,6 @@ from otel_plumb.normalise.common import (
     flattened,
     set_args,
     set_first_result,
-    unwrap_call,
 )
 
 KINDS: dict[str, StepKind] = {"tool": "tool", "agent": "agent"}
@@ -50,8 +49,8 @@ def read(span: SpanRecord, out: NormalisedSpan) -> None:
 
 def _read_input(out: NormalisedSpan, a: Mapping[str, Any]) -> None:
     key = "traceloop.entity.input"
-    if key in a and set_args(out, a[key], key):
-        out.args = unwrap_call(out.args)
+    if key in a:
+        set_args(out, a[key], key)
 
 
 def _read_llm(span: SpanRecord, out: NormalisedSpan, a: Mapping[str, Any]) -> None:

@@ -148,3 +148,43 @@ def _parse_structured(s: str) -> Any:
             pass
     msg = json_error.msg if isinstance(json_error, json.JSONDecodeError) else type(json_error).__name__
     return _Failure(f"neither JSON nor a Python literal ({msg})")
+
+
+# Frameworks record a tool's input as the call they made rather than the arguments: a Python
+# call's ``{"args": [...], "kwargs": {...}}`` (smolagents, other decorators), LangChain's
+# callback payload ``{"input_str": "<repr or JSON>", "tags": [...], "metadata": {...}}``
+# (OpenLLMetry's LangChain instrumentation). These keys alone, besides the payload, mark them.
+_CALL_WRAPPER_EXTRAS = frozenset({"sanitize_inputs_outputs", "self"})
+_CALLBACK_EXTRAS = frozenset({"tags", "metadata", "kwargs", "inputs", "run_id", "parent_run_id", "serialized", "name"})
+
+
+def unwrap_call(value: Any) -> Decoded | None:
+    """The arguments inside a framework's call wrapper, or why they cannot be told; None when
+    ``value`` is no wrapper (the usual case: it is the arguments)."""
+    if type(value) is not dict:
+        return None
+    keys = value.keys()
+    if ("kwargs" in keys or "args" in keys) and keys - {"args", "kwargs"} <= _CALL_WRAPPER_EXTRAS:
+        args, kwargs = value.get("args") or [], value.get("kwargs") or {}
+        if isinstance(kwargs, dict) and args in ([], ()):
+            return Decoded(kwargs, "captured")
+        if isinstance(kwargs, dict) and not kwargs and isinstance(args, list) and len(args) == 1:
+            inner = args[0]
+            if isinstance(inner, dict):
+                return Decoded(inner, "captured")
+        return Decoded(None, "undecodable", f"positional arguments without their names: {str(args)[:80]}")
+    if "input_str" in keys and keys - {"input_str"} <= _CALLBACK_EXTRAS:
+        inputs = value.get("inputs")
+        if isinstance(inputs, dict) and inputs:
+            return Decoded(inputs, "captured")
+        inner = decode(value["input_str"])
+        if inner.status != "captured":
+            return inner
+        # A single-string input stays a bare value: the model's request names the argument.
+        return Decoded(inner.value, "captured")
+    if keys == {"input"} and isinstance(value["input"], str):
+        # MLflow / Langfuse: the input serialised once more.
+        inner = decode(value["input"])
+        if inner.status == "captured" and isinstance(inner.value, dict):
+            return inner
+    return None
