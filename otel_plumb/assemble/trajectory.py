@@ -288,6 +288,7 @@ def _span_step(s: NormalisedSpan) -> Step:
         s.agent,
         s.tool_call_id,
         s.tokens,
+        s.framework,
     )
 
 
@@ -331,6 +332,7 @@ def _requested_step(s: NormalisedSpan, call: RequestedCall, results: dict[str, o
         result_status="captured" if has_result else "absent",
         agent=s.agent,
         tool_call_id=call.tool_call_id,
+        framework=s.framework,
     )
 
 
@@ -373,9 +375,9 @@ def _order_parallel_calls(steps: list[Step], spans: list[NormalisedSpan]) -> Non
                 steps[place] = step
 
 
-# Tools that hand control to another agent, named in their arguments (Google ADK's
-# transfer_to_agent, Strands' handoff_to_agent swarm tool).
-_HANDOFF_TOOLS = frozenset({"transfer_to_agent", "handoff_to_agent"})
+# Tools that hand control to another agent, and the argument naming it (Google ADK's
+# transfer_to_agent, Strands' handoff_to_agent swarm tool, LlamaIndex AgentWorkflow's handoff).
+_HANDOFF_TOOLS = {"transfer_to_agent": "agent_name", "handoff_to_agent": "agent_name", "handoff": "to_agent"}
 # transfer_to_<agent> (LangGraph supervisors, OpenAI Agents' requested handoffs) when <agent> is
 # an agent of the trajectory; a tool such as transfer_to_savings stays a tool.
 _TRANSFER_PREFIX = "transfer_to_"
@@ -387,9 +389,7 @@ def _delegations_and_handoffs(steps: list[Step], by_id: dict[str, NormalisedSpan
     what happened. A handoff (control passes to another agent) is an ``agent`` step naming the
     target agent, not a tool call."""
     agents = [st for st in steps if st.kind == "agent"]
-    if not agents:
-        return
-    tool_of_span = {st.span_id: st for st in steps if st.kind == "tool" and st.source == "span"}
+    tool_of_span = {st.span_id: st for st in steps if st.kind == "tool" and st.source == "span"} if agents else {}
     for agent in agents:
         if agent.source != "span":
             continue
@@ -409,7 +409,7 @@ def _delegations_and_handoffs(steps: list[Step], by_id: dict[str, NormalisedSpan
             continue
         target: str | None = None
         if st.name in _HANDOFF_TOOLS and st.args_status == "captured" and isinstance(st.args, dict):
-            value = st.args.get("agent_name")
+            value = st.args.get(_HANDOFF_TOOLS[st.name])
             target = value if isinstance(value, str) and value else None
         elif st.name.startswith(_TRANSFER_PREFIX) and st.name[len(_TRANSFER_PREFIX) :] in names:
             target = st.name[len(_TRANSFER_PREFIX) :]
@@ -418,8 +418,15 @@ def _delegations_and_handoffs(steps: list[Step], by_id: dict[str, NormalisedSpan
 
 
 def _assign_agents(steps: list[Step], by_id: dict[str, NormalisedSpan]) -> None:
-    """A step without an agent name inherits the nearest enclosing agent span's name."""
+    """A step without an agent name inherits the nearest enclosing agent span's name. An agent
+    span's sibling of the same name is the agent's body (OpenLLMetry writes the agent's
+    ``invoke_agent`` span beside the ``execute_task`` span its work hangs under)."""
     agent_of_span = {st.span_id: st.name for st in steps if st.kind == "agent" and st.source == "span"}
+    if agent_of_span:
+        agents_by_parent = {(st.parent_span_id, st.name) for st in steps if st.span_id in agent_of_span}
+        for st in steps:
+            if st.kind == "other" and st.source == "span" and (st.parent_span_id, st.name) in agents_by_parent:
+                agent_of_span[st.span_id] = st.name
     for st in steps:
         if st.agent:
             continue

@@ -241,6 +241,7 @@ def trajectory_from_record(record: dict[str, Any]) -> Trajectory:
             agent=s.get("agent"),
             tool_call_id=s.get("tool_call_id"),
             tokens=s.get("tokens"),
+            framework=s.get("framework"),
         )
         for i, s in enumerate(record.get("steps") or [])
     ]

@@ -82,6 +82,8 @@ class NormalisedSpan:
     # A model call whose finish reason says it asked for tool calls, none of which were
     # captured (content capture off): the trace cannot say which tools were called.
     hidden_tool_calls: bool = False
+    # The framework or instrumentation that wrote the span (from its instrumentation scope).
+    framework: str | None = None
 
     @property
     def is_root(self) -> bool:
@@ -111,6 +113,8 @@ class Step:
     agent: str | None = None
     tool_call_id: str | None = None
     tokens: int | None = None
+    # The framework or instrumentation that wrote the span.
+    framework: str | None = None
 
     @property
     def succeeded(self) -> bool:

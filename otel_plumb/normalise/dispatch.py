@@ -18,6 +18,7 @@ from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan
 from otel_plumb.normalise import frameworks, genai, observability, openinference, pydantic_ai, traceloop, vercel
 from otel_plumb.normalise.common import Reader, Shape, base, finish
+from otel_plumb.normalise.hints import framework_of
 
 # Frameworks whose spans look like OTel GenAI but carry their payloads elsewhere.
 BY_SCOPE: dict[str, Reader] = {
@@ -94,6 +95,9 @@ _shapes: dict[tuple[str, tuple[str, ...]], tuple[Reader | None, Shape, bool]] = 
 _SHAPES_MAX = 10_000
 
 
+_frameworks: dict[str, str | None] = {}
+
+
 def normalise(span: SpanRecord) -> NormalisedSpan:
     cache_key = (span.scope_name, tuple(span.attributes))
     cached = _shapes.get(cache_key)
@@ -113,4 +117,11 @@ def normalise(span: SpanRecord) -> NormalisedSpan:
         namespaces = sorted({k.split(".", 1)[0] for k in span.attributes}) or ["none"]
         out.problems.append(f"unrecognised span {span.name!r}: attribute namespaces {', '.join(namespaces[:10])}")
     finish(span, out, shape)
+    scope = span.scope_name
+    framework = _frameworks.get(scope, "")
+    if framework == "":
+        if len(_frameworks) >= _SHAPES_MAX:
+            _frameworks.clear()
+        framework = _frameworks[scope] = framework_of(scope)
+    out.framework = framework
     return out

@@ -38,3 +38,49 @@ CAPTURE_HINTS: dict[str, str] = {
         "instrument the agent with an OTel GenAI or OpenInference instrumentation that records tool names and arguments"
     ),
 }
+
+
+# Frameworks and instrumentations, known by the instrumentation scope of their spans (longest
+# prefix first where one is a prefix of another): the name coverage and reports give, and the
+# switch that makes each record tool arguments.
+FRAMEWORKS: tuple[tuple[str, str, str], ...] = (
+    ("openinference.instrumentation.smolagents", "smolagents (OpenInference)",
+     "TraceConfig(hide_inputs=False, hide_outputs=False) / leave OPENINFERENCE_HIDE_INPUTS and _OUTPUTS unset"),
+    ("openinference.instrumentation.openai_agents", "OpenAI Agents SDK (OpenInference)",
+     "RunConfig(trace_include_sensitive_data=True) and leave OPENINFERENCE_HIDE_INPUTS and _OUTPUTS unset"),
+    ("openinference.instrumentation.langchain", "LangChain / LangGraph (OpenInference)",
+     "leave OPENINFERENCE_HIDE_INPUTS, _OUTPUTS, _INPUT_MESSAGES and _OUTPUT_MESSAGES unset"),
+    ("openinference.instrumentation.llama_index", "LlamaIndex (OpenInference)",
+     "leave OPENINFERENCE_HIDE_INPUTS and _OUTPUTS unset"),
+    ("openinference.instrumentation.crewai", "CrewAI (OpenInference)",
+     "leave OPENINFERENCE_HIDE_INPUTS and _OUTPUTS unset"),
+    ("openinference.instrumentation.openai", "OpenAI client (OpenInference)",
+     "leave OPENINFERENCE_HIDE_INPUTS, _OUTPUTS, _INPUT_MESSAGES and _OUTPUT_MESSAGES unset"),
+    ("openinference.instrumentation", "OpenInference", "leave the OPENINFERENCE_HIDE_* variables unset"),
+    ("opentelemetry.instrumentation.langchain", "LangChain / LangGraph (OpenLLMetry)", "TRACELOOP_TRACE_CONTENT=true"),
+    ("opentelemetry.instrumentation.openai.v1", "OpenAI client (OpenLLMetry)", "TRACELOOP_TRACE_CONTENT=true"),
+    ("opentelemetry.instrumentation.openai_v2", "OpenAI client (OTel openai-v2)",
+     "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY"),
+    ("opentelemetry.util.genai", "OTel GenAI utilities (openai-v2 and others)",
+     "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY"),
+    ("traceloop.tracer", "Traceloop SDK", "Traceloop.init(trace_content=True)"),
+    ("pydantic-ai", "Pydantic AI", "InstrumentationSettings(include_content=True)"),
+    ("strands.telemetry.tracer", "Strands Agents", "keep the gen_ai.tool.message span events"),
+    ("gcp.vertex.agent", "Google ADK", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY"),
+    ("ai", "Vercel AI SDK", "experimental_telemetry: { recordInputs: true, recordOutputs: true }"),
+    ("autogen", "AutoGen", "AutoGen's own spans carry no tool arguments; add an OpenAI client instrumentation"),
+    ("semantic_kernel", "Semantic Kernel", "SEMANTICKERNEL_EXPERIMENTAL_GENAI_ENABLE_OTEL_DIAGNOSTICS_SENSITIVE=true"),
+    ("mlflow.tracing", "MLflow", "mlflow autolog or @mlflow.trace with inputs and outputs"),
+    ("langfuse", "Langfuse", "do not disable capture_input / capture_output"),
+    ("langsmith", "LangSmith", "leave LANGSMITH_HIDE_INPUTS / LANGSMITH_HIDE_OUTPUTS unset"),
+    ("mcp", "MCP SDK", "record gen_ai.tool.call.arguments (content capture on)"),
+)  # fmt: skip
+FRAMEWORK_HINTS: dict[str, str] = {name: hint for _, name, hint in FRAMEWORKS}
+
+
+def framework_of(scope_name: str) -> str | None:
+    """The framework an instrumentation scope belongs to, or None for one not listed."""
+    for prefix, name, _ in FRAMEWORKS:
+        if scope_name == prefix or scope_name.startswith((prefix + ".", prefix + " ", prefix + "-")):
+            return name
+    return None

@@ -32,6 +32,10 @@ def read(span: SpanRecord, out: NormalisedSpan) -> None:
     out.convention = "openinference"
     raw_kind = a.get("openinference.span.kind")
     out.kind = KINDS.get(raw_kind.upper(), "other") if isinstance(raw_kind, str) else "other"
+    if out.kind == "agent" and "tool.name" in a:
+        out.kind = "tool"  # a tool that runs an agent (LangChain names such spans AGENT)
+    elif span.scope_name == LANGCHAIN_SCOPE and out.kind in ("agent", "other") and "metadata" in a:
+        out.kind = _langgraph_kind(span.name, out.kind, decode(a["metadata"]).value)
     out.agent = as_str(a.get("agent.name"))
     if out.kind == "tool":
         _read_tool(span, out, a)
@@ -65,6 +69,22 @@ _AGENT_SPAN_NAMES = {
     "openinference.instrumentation.smolagents": _smolagents_agent,
     "openinference.instrumentation.openai_agents": _no_agent,
 }
+LANGCHAIN_SCOPE = "openinference.instrumentation.langchain"
+
+
+def _langgraph_kind(name: str, kind: StepKind, metadata: Any) -> StepKind:
+    """LangChain's tracer calls a run AGENT when its name contains "agent". Under LangGraph the
+    agent is the graph: its root run (no ``langgraph_node`` of its own), or a sub-graph run inside
+    another graph's node; a node of the graph (named as the node, e.g. create_react_agent's
+    "agent" model node) is not an agent."""
+    if not isinstance(metadata, dict) or metadata.get("ls_integration") != "langgraph":
+        return kind
+    node = metadata.get("langgraph_node")
+    if node is None:
+        return "agent"
+    return "other" if node == name else kind
+
+
 # A handoff in the OpenAI Agents SDK is a TOOL span "handoff to <agent>" without tool.name.
 _HANDOFF_PREFIX = "handoff to "
 
@@ -128,12 +148,21 @@ def _check_against_schema(out: NormalisedSpan, names: frozenset[str] | None) -> 
     """Arguments that name none of the tool's parameters are a wrapper nobody has unwrapped, not
     the arguments: undecodable (the model's request, matched by call id, may supply them)."""
     args = out.args
-    if names is None or not isinstance(args, dict) or not args or args.keys() <= names:
+    if not names:
         return
+    if not isinstance(args, dict):
+        if len(names) == 1 and isinstance(args, str | int | float | bool):
+            # A single-argument tool given its value alone (LangChain's single-string input).
+            (name,) = names
+            out.args = {name: args}
+            return
+        what = f"a {type(args).__name__}, not the named parameters"
+    elif not args or args.keys() <= names:
+        return
+    else:
+        what = f"{sorted(args)[:5]} are not the parameters"
     out.args, out.args_status = None, "undecodable"
-    out.problems.append(
-        f"{out.args_source}: {sorted(args)[:5]} are not the parameters of {out.name} ({sorted(names)[:5]})"
-    )
+    out.problems.append(f"{out.args_source}: {what} of {out.name} ({sorted(names)[:5]})")
 
 def _read_messages(out: NormalisedSpan, a: Mapping[str, Any]) -> None:
     outputs = flattened(a, "llm.output_messages.")

@@ -25,6 +25,7 @@ from otel_plumb.normalise.common import (
     set_args,
     set_first_result,
 )
+from otel_plumb.normalise.values import decode
 
 KINDS: dict[str, StepKind] = {"tool": "tool", "agent": "agent"}
 
@@ -51,6 +52,15 @@ def _read_input(out: NormalisedSpan, a: Mapping[str, Any]) -> None:
     key = "traceloop.entity.input"
     if key in a:
         set_args(out, a[key], key)
+        if out.tool_call_id is None:
+            out.tool_call_id = _callback_call_id(a[key])
+
+
+def _callback_call_id(raw: Any) -> str | None:
+    """LangChain's callback payload names the model's tool call: ``{"kwargs": {"tool_call_id": ...}}``."""
+    payload = decode(raw).value
+    kwargs = payload.get("kwargs") if isinstance(payload, dict) else None
+    return as_str(kwargs.get("tool_call_id")) if isinstance(kwargs, dict) else None
 
 
 def _read_llm(span: SpanRecord, out: NormalisedSpan, a: Mapping[str, Any]) -> None:

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Step(_message.Message):
-    __slots__ = ("index", "kind", "name", "span_id", "parent_span_id", "trace_id", "start_time_unix_nano", "end_time_unix_nano", "args", "args_status", "args_source", "result", "result_status", "error", "source", "agent", "convention", "tool_call_id", "tokens")
+    __slots__ = ("index", "kind", "name", "span_id", "parent_span_id", "trace_id", "start_time_unix_nano", "end_time_unix_nano", "args", "args_status", "args_source", "result", "result_status", "error", "source", "agent", "convention", "tool_call_id", "tokens", "framework")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class Step(_message.Message):
     CONVENTION_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FRAMEWORK_FIELD_NUMBER: _ClassVar[int]
     index: int
     kind: str
     name: str
@@ -48,7 +49,8 @@ class Step(_message.Message):
     convention: str
     tool_call_id: str
     tokens: int
-    def __init__(self, index: _Optional[int] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., span_id: _Optional[str] = ..., parent_span_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., start_time_unix_nano: _Optional[int] = ..., end_time_unix_nano: _Optional[int] = ..., args: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., args_status: _Optional[str] = ..., args_source: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., result_status: _Optional[str] = ..., error: _Optional[str] = ..., source: _Optional[str] = ..., agent: _Optional[str] = ..., convention: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., tokens: _Optional[int] = ...) -> None: ...
+    framework: str
+    def __init__(self, index: _Optional[int] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., span_id: _Optional[str] = ..., parent_span_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., start_time_unix_nano: _Optional[int] = ..., end_time_unix_nano: _Optional[int] = ..., args: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., args_status: _Optional[str] = ..., args_source: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., result_status: _Optional[str] = ..., error: _Optional[str] = ..., source: _Optional[str] = ..., agent: _Optional[str] = ..., convention: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., tokens: _Optional[int] = ..., framework: _Optional[str] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("invariant", "policy", "verdict", "severity", "step_index", "span_id", "message", "expected", "got")

@@ -11,9 +11,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from otel_plumb import normalise as normalise_pkg
 from otel_plumb.model import Trajectory
 from otel_plumb.model.trajectory import CASE_ID
+from otel_plumb.normalise.hints import CAPTURE_HINTS, FRAMEWORK_HINTS
 from otel_plumb.replay import ReplayStats
 
 CAPTURE_STATUSES = ("captured", "absent", "redacted", "undecodable")
@@ -40,7 +40,10 @@ class CoverageCounter:
         self.args: Counter[str] = Counter()
         self.results: Counter[str] = Counter()
         self.errored = 0
-        self.absent_args_by_convention: Counter[str] = Counter()
+        # Tool calls without arguments, by the framework that wrote them (else the convention).
+        self.absent_args_by_source: Counter[str] = Counter()
+        # Per framework (instrumentation scope): spans, tool calls, tool calls with arguments.
+        self.frameworks: dict[str, Counter[str]] = {}
         self.tools: dict[str, Counter[str]] = {}
         self.agents: dict[str, Counter[str]] = {}
         self.not_understood: Counter[str] = Counter()
@@ -72,6 +75,11 @@ class CoverageCounter:
         for step in trajectory.steps:
             if step.source == "span":
                 self.spans += 1
+                if step.framework is not None:
+                    per_framework = self.frameworks.get(step.framework)
+                    if per_framework is None:
+                        per_framework = self.frameworks[step.framework] = Counter()
+                    per_framework["spans"] += 1
                 self.conventions[step.convention] += 1
                 self.kinds[step.kind] += 1
                 if step.kind == "other" and step.convention == "unknown":
@@ -89,7 +97,11 @@ class CoverageCounter:
             self.args[step.args_status] += 1
             self.results[step.result_status] += 1
             if step.args_status == "absent":
-                self.absent_args_by_convention[step.convention] += 1
+                self.absent_args_by_source[step.framework or step.convention] += 1
+            if step.framework is not None:
+                self.frameworks[step.framework]["tool_calls"] += 1
+                if step.args_status == "captured":
+                    self.frameworks[step.framework]["with_arguments"] += 1
             per_tool = self.tools.get(step.name)
             if per_tool is None:
                 per_tool = self.tools[step.name] = Counter()
@@ -135,6 +147,10 @@ class CoverageCounter:
                 "spans": sum(self.not_understood.values()),
                 "names": dict(self.not_understood.most_common(TOP_N)),
             },
+            "frameworks": {
+                name: {k: c.get(k, 0) for k in ("spans", "tool_calls", "with_arguments")}
+                for name, c in sorted(self.frameworks.items(), key=lambda kv: -kv[1]["spans"])
+            },
             "unrecognised": {
                 "spans": sum(self.unrecognised.values()),
                 "names": dict(self.unrecognised.most_common(TOP_N)),
@@ -166,12 +182,12 @@ class CoverageCounter:
                 f"No tool calls in {self.trajectories} trajectories: call and argument checks have nothing to "
                 "look at (is the agent instrumented for tool execution?)."
             )
-        hints: dict[str, str] = getattr(normalise_pkg, "CAPTURE_HINTS", {})
+        hints: dict[str, str] = {**CAPTURE_HINTS, **FRAMEWORK_HINTS}
         absent = self.args.get("absent", 0)
         if absent:
             where = "; ".join(
-                f"{conv}: {hints.get(conv) or GENERIC_CAPTURE_HINT}"
-                for conv, _ in self.absent_args_by_convention.most_common()
+                f"{source}: {hints.get(source) or GENERIC_CAPTURE_HINT}"
+                for source, _ in self.absent_args_by_source.most_common()
             )
             notes.append(
                 f"{absent} of {self.tool_calls} tool calls carry no arguments: argument checks will be "

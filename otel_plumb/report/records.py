@@ -32,6 +32,7 @@ def step_record(step: Step) -> dict[str, Any]:
         "convention": step.convention,
         "tool_call_id": step.tool_call_id,
         "tokens": step.tokens,
+        "framework": step.framework,
     }
 
 
