@@ -55,3 +55,16 @@ def test_framework_fixture_reads_to_the_executed_tool_steps_and_verdicts(name: s
 def test_every_fixture_has_its_expected_file() -> None:
     traces = {p.name.removesuffix(".jsonl") for p in FIXTURES.glob("*.jsonl")}
     assert traces == set(NAMES)
+
+
+def test_coverage_names_the_framework_and_its_content_switch() -> None:
+    from otel_plumb.report.coverage import coverage_report
+
+    result = replay([FIXTURES / "smolagents_content_off.jsonl", FIXTURES / "langgraph_openllmetry_clean.jsonl"])
+    cov = coverage_report(result.trajectories, result.stats)
+    frameworks = cov["frameworks"]
+    assert frameworks["smolagents (OpenInference)"]["tool_calls"] == 3
+    assert frameworks["smolagents (OpenInference)"]["with_arguments"] == 0
+    assert frameworks["LangChain / LangGraph (OpenLLMetry)"]["with_arguments"] == 3
+    note = next(n for n in cov["notes"] if "redacted arguments" in n)
+    assert "smolagents (OpenInference): TraceConfig(hide_inputs=False" in note

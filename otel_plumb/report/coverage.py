@@ -96,7 +96,7 @@ class CoverageCounter:
                 self.tool_calls_from_output += 1
             self.args[step.args_status] += 1
             self.results[step.result_status] += 1
-            if step.args_status == "absent":
+            if step.args_status in ("absent", "redacted"):
                 self.absent_args_by_source[step.framework or step.convention] += 1
             if step.framework is not None:
                 self.frameworks[step.framework]["tool_calls"] += 1
@@ -182,23 +182,28 @@ class CoverageCounter:
                 f"No tool calls in {self.trajectories} trajectories: call and argument checks have nothing to "
                 "look at (is the agent instrumented for tool execution?)."
             )
+        # Where arguments are absent or redacted, how each framework (else convention) records them.
         hints: dict[str, str] = {**CAPTURE_HINTS, **FRAMEWORK_HINTS}
+        where = "; ".join(
+            f"{source}: {hints.get(source) or GENERIC_CAPTURE_HINT}"
+            for source, _ in self.absent_args_by_source.most_common()
+        )
         absent = self.args.get("absent", 0)
         if absent:
-            where = "; ".join(
-                f"{source}: {hints.get(source) or GENERIC_CAPTURE_HINT}"
-                for source, _ in self.absent_args_by_source.most_common()
-            )
             notes.append(
                 f"{absent} of {self.tool_calls} tool calls carry no arguments: argument checks will be "
                 f"indeterminate for them; enable content capture ({where})."
             )
-        for status, what in (("redacted", "redacted arguments (a placeholder such as <REDACTED>)"),
-                             ("undecodable", "arguments that could not be decoded (kept as raw text)")):
-            n = self.args.get(status, 0)
-            if n:
-                notes.append(f"{n} of {self.tool_calls} tool calls have {what}: argument checks will be "
-                             "indeterminate for them.")
+        redacted = self.args.get("redacted", 0)
+        if redacted:
+            notes.append(
+                f"{redacted} of {self.tool_calls} tool calls have redacted arguments (a placeholder such as "
+                f"<REDACTED>): argument checks will be indeterminate for them; to record them: {where}."
+            )
+        undecodable = self.args.get("undecodable", 0)
+        if undecodable:
+            notes.append(f"{undecodable} of {self.tool_calls} tool calls have arguments that could not be decoded "
+                         "(kept as raw text): argument checks will be indeterminate for them.")  # fmt: skip
         no_result = self.tool_calls - self.results.get("captured", 0)
         if self.tool_calls and no_result:
             notes.append(
