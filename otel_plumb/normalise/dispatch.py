@@ -27,6 +27,8 @@ BY_SCOPE: dict[str, Reader] = {
     "strands-agents": frameworks.read_strands,
     "gcp.vertex.agent": frameworks.read_adk,
     "ai": vercel.read,
+    "semantic_kernel.functions.kernel_function": frameworks.read_semantic_kernel,
+    "autogen SingleThreadedAgentRuntime": frameworks.read_autogen_runtime,
 }
 
 # (attribute, reader), most specific first: payload conventions before the GenAI attributes

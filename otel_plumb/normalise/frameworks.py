@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from otel_plumb.model.span import SpanRecord
-from otel_plumb.model.trajectory import NormalisedSpan, StepKind
+from otel_plumb.model.trajectory import NormalisedSpan, RequestedCall, StepKind
 from otel_plumb.normalise import genai
 from otel_plumb.normalise.common import (
     as_str,
@@ -108,3 +108,38 @@ def read_adk(span: SpanRecord, out: NormalisedSpan) -> None:
         bracketed = span.name.partition("[")[2].rstrip("]")
         out.name = bracketed or out.name
         out.agent = out.name
+
+
+# Semantic Kernel names a function "<plugin>-<function>" (the name the model calls it by); the
+# tool is the function. Its Handoff plugin is the framework's own: transfer_to_<agent> hands
+# control over (an agent step, see assemble), complete_task ends the run (not a tool).
+SK_FRAMEWORK_PLUGIN = "Handoff"
+
+
+def read_semantic_kernel(span: SpanRecord, out: NormalisedSpan) -> None:
+    genai.read_as(span, out, "otel_genai")
+    if out.kind != "tool":
+        return
+    plugin, sep, function = out.name.partition("-")
+    if not sep or not function:
+        return
+    out.name = function
+    if plugin == SK_FRAMEWORK_PLUGIN and not function.startswith("transfer_to_"):
+        out.kind = "other"
+
+
+def read_autogen_runtime(span: SpanRecord, out: NormalisedSpan) -> None:
+    """AutoGen's runtime delivers messages between agents (messaging spans). The tool calls a model
+    asked for travel in a ``ToolCallRequestEvent`` message: read as the requested calls, which
+    give the ``execute_tool`` spans (no arguments of their own) their arguments by call id."""
+    out.convention = "autogen"
+    message = decode(span.attributes.get("message")).value
+    event = message.get("message") if isinstance(message, dict) else None
+    if not isinstance(event, dict) or event.get("type") != "ToolCallRequestEvent":
+        return
+    for call in event.get("content") or ():
+        if isinstance(call, dict) and isinstance(call.get("name"), str):
+            args = decode(call.get("arguments"))
+            out.requested_calls.append(
+                RequestedCall(call["name"], args.value, args.status, as_str(call.get("id")))
+            )

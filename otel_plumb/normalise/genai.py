@@ -21,7 +21,6 @@ from otel_plumb.normalise.values import decode
 OPERATION_KINDS: dict[str, StepKind] = {
     "execute_tool": "tool",
     "invoke_agent": "agent",
-    "create_agent": "agent",
     "chat": "llm",
     "text_completion": "llm",
     "generate_content": "llm",

@@ -36,7 +36,8 @@ def read(span: SpanRecord, out: NormalisedSpan) -> None:
         out.kind = "tool"  # a tool that runs an agent (LangChain names such spans AGENT)
     elif span.scope_name == LANGCHAIN_SCOPE and out.kind in ("agent", "other") and "metadata" in a:
         out.kind = _langgraph_kind(span.name, out.kind, decode(a["metadata"]).value)
-    out.agent = as_str(a.get("agent.name"))
+    # CrewAI and the OpenAI Agents SDK name the agent in graph.node.id too.
+    out.agent = first_str(a, ("agent.name", "graph.node.id")) if out.kind == "agent" else as_str(a.get("agent.name"))
     if out.kind == "tool":
         _read_tool(span, out, a)
     elif out.kind == "agent":

@@ -100,6 +100,9 @@ class RetryConfig(_Model):
     multiplier: float = Field(default=2.0, ge=1)
     # +/- this fraction of randomness on each wait, so many processors do not retry in step.
     jitter: float = Field(default=0.2, ge=0, le=1)
+    # A batch still failing this long after its first attempt is given up as a dead letter
+    # (the Collector exporterhelper's default); 0: retry for ever.
+    max_elapsed_time: Seconds = 300.0
 
 
 class QueueConfig(_Model):
@@ -109,6 +112,9 @@ class QueueConfig(_Model):
     max_spans: int = Field(default=1_000_000, ge=1)
     # Spans per outgoing request.
     batch_spans: int = Field(default=2_048, ge=1)
+    # Bytes per outgoing request (a lone bigger span goes alone): below the 4 MiB a Collector
+    # receives by default.
+    max_batch_bytes: int = Field(default=3 * 1024 * 1024, ge=1024)
     # Requests in flight to the backend at once.
     concurrency: int = Field(default=2, ge=1)
 
@@ -127,6 +133,13 @@ class OtlpExporterConfig(_Model):
     queue: QueueConfig = QueueConfig()
     retry: RetryConfig = RetryConfig()
     state_dir: str = Field(default_factory=default_state_dir)
+    # Spans given up (refused as too large even alone, or failing past retry.max_elapsed_time)
+    # are appended here as length-prefixed OTLP protobuf records (the Collector file exporter's
+    # framing, which `otel-plumb replay` reads); none: only counted.
+    dead_letter_file: str | None = None
+    # Annotation values copied from a verdict (message, expected, got) are cut to this many
+    # characters, with a marker saying how many were left out.
+    max_annotation_chars: int = Field(default=1024, ge=16)
 
     @field_validator("endpoint")
     @classmethod
