@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from otel_plumb import yamlfile
 
 
 class CampaignError(Exception):
@@ -201,36 +202,13 @@ class LoadedCampaign:
 
 
 def load_yaml_with_lines(path: Path) -> tuple[Any, dict[tuple[Any, ...], int]]:
-    """Parse YAML keeping the line (1-based) of every mapping key and sequence item."""
+    """Parse YAML keeping the line (1-based) of every mapping key and sequence item, through the
+    one YAML loader (``otel_plumb.yamlfile``: size limit, duplicate keys refused, bounded aliases)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise CampaignError(path, None, f"cannot read: {e.strerror or e}") from e
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise CampaignError(path, mark.line + 1 if mark else None, f"invalid YAML: {getattr(e, 'problem', e)}") from e
-    lines: dict[tuple[Any, ...], int] = {}
-    if node is None:
-        return None, lines
-    constructor = yaml.SafeLoader(text)  # only its scalar construction rules are used
-
-    def build(n: yaml.Node, at: tuple[Any, ...]) -> Any:
-        lines[at] = n.start_mark.line + 1
-        if isinstance(n, yaml.MappingNode):
-            out: dict[Any, Any] = {}
-            for k, v in n.value:
-                key = build(k, at)
-                lines[(*at, key)] = k.start_mark.line + 1
-                out[key] = build(v, (*at, key))
-                lines[(*at, key)] = k.start_mark.line + 1
-            return out
-        if isinstance(n, yaml.SequenceNode):
-            return [build(v, (*at, i)) for i, v in enumerate(n.value)]
-        return constructor.construct_object(n, deep=True)
-
-    return build(node, ()), lines
+        doc = yamlfile.load(path)
+    except yamlfile.YamlError as e:
+        raise CampaignError(path, e.line, e.message) from None
+    return doc.data, dict(doc.lines)
 
 
 def line_for(lines: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> int | None:

@@ -15,13 +15,12 @@ arrive and shift every index), so its messages name a step by span id and call o
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from otel_plumb.check.expr import EvaluationError, Expression
+from otel_plumb.check.expr import BudgetExceeded, CostBudget, EvaluationError, Expression
 from otel_plumb.check.values import MISSING, CompareMode, PathSegment, equal, lookup, plain
 from otel_plumb.model import Step, Trajectory, VerdictValue
 
@@ -50,9 +49,10 @@ class Run:
 
     ``provisional``: the trajectory is still in flight (so never ``complete``) and its step
     indices may change. ``reason``: why it is not complete (the trajectory's own reason, or
-    one the policy found: a span named like one of its tools that no convention reads)."""
+    one the policy found: a span named like one of its tools that no convention reads).
+    ``budget``: what its CEL expressions may still cost (``expr.CostBudget``)."""
 
-    __slots__ = ("_cel_steps", "complete", "ctx", "provisional", "reason", "trajectory")
+    __slots__ = ("_cel_steps", "budget", "complete", "ctx", "provisional", "reason", "trajectory")
 
     def __init__(
         self,
@@ -68,6 +68,7 @@ class Run:
         self.complete = complete
         self.provisional = provisional
         self.reason = reason if reason is not None else trajectory.incomplete_reason
+        self.budget = CostBudget()
         self._cel_steps: dict[frozenset[str], list[dict[str, Any]]] = {}
 
     def where(self, step: Step) -> str:
@@ -358,7 +359,10 @@ class ArgEquals(ArgumentCheck):
 
 
 class ArgMatches(ArgumentCheck):
-    def __init__(self, tools: Tools, arg: str, path: tuple[PathSegment, ...], regex: re.Pattern[str]) -> None:
+    """``regex`` is compiled by RE2 (``policy.compile_regex``): matching takes time linear in
+    the argument, whatever the pattern, since arguments come from the agent under test."""
+
+    def __init__(self, tools: Tools, arg: str, path: tuple[PathSegment, ...], regex: Any) -> None:
         super().__init__(tools, arg, path)
         self.regex = regex
 
@@ -393,7 +397,9 @@ class ArgSatisfies(ArgumentCheck):
             step=cel_step(step, self.expression.words) if "step" in names else None,
         )  # fmt: skip
         try:
-            ok = self.expression.test(act)
+            ok = self.expression.test(act, run.budget)
+        except BudgetExceeded as exc:
+            return Outcome("indeterminate", step, str(exc))
         except EvaluationError as exc:
             return Outcome("indeterminate", step, f"{self.expression.source}: {exc}")
         if ok:
@@ -484,7 +490,9 @@ class Expr(Check):
 
     def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
         try:
-            ok = self.expression.test(run.activation(self.expression, steps))
+            ok = self.expression.test(run.activation(self.expression, steps), run.budget)
+        except BudgetExceeded as exc:
+            return Outcome("indeterminate", None, str(exc))
         except EvaluationError as exc:
             return Outcome("indeterminate", None, f"{self.expression.source}: {exc}")
         if ok:

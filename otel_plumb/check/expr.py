@@ -7,8 +7,10 @@ refused when the policy loads, not discovered on the first trajectory.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import cel
@@ -28,6 +30,189 @@ _MACRO_VARIABLE = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
+# Limits on what one expression may cost. The binding has no cost or time limit of its own and
+# holds the interpreter until it returns, so the bounds are set here: nested comprehensions over
+# whole collections multiply (``steps.all(a, steps.all(b, steps.all(c, ...)))`` is len(steps)^3
+# evaluations), so more than MAX_NESTING are refused at load; and before each evaluation its cost
+# (values converted into CEL, comprehension iterations) is estimated and charged to the
+# trajectory's budget: an expression over the steps evaluated once per call adds up too.
+MAX_SOURCE_CHARS = 10_000
+MAX_NESTING = 2
+COST_BUDGET = 1_000_000
+CONVERT_COST = 3
+FILTER_COPY_COST = 0.25
+# A verdict made indeterminate by the budget has a message starting with this.
+BUDGET_EXCEEDED = "CEL cost budget exceeded"
+_MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+_TOKEN = re.compile(
+    r"""(?P<space>\s+)|(?P<comment>//[^\n]*)"""
+    r"""|(?P<string>[rRbB]{0,2}(?:'{3}[\s\S]*?'{3}|"{3}[\s\S]*?"{3}|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*"))"""
+    r"""|(?P<ident>[A-Za-z_][A-Za-z0-9_]*)|(?P<number>\d[\w.]*)|(?P<punct>.)""",
+)
+_OPEN = {"(": ")", "[": "]", "{": "}"}
+_CLOSE = {v: k for k, v in _OPEN.items()}
+
+
+@dataclass(slots=True)
+class Comprehension:
+    """One macro call (``R.all(x, ...)`` and friends): what it ranges over, and the
+    comprehensions in its body. ``root`` is the identifier the range starts from (``steps``
+    in ``steps.filter(...).all(...)``); ``bound``: that identifier is an enclosing
+    comprehension's variable (the range is part of one element, not a whole collection)."""
+
+    macro: str
+    range_text: str
+    root: str | None
+    bound: bool
+    children: list[Comprehension] = field(default_factory=list)
+
+
+def comprehensions(source: str) -> list[Comprehension]:
+    """The comprehension tree of a CEL expression, read from its tokens."""
+    tokens: list[tuple[str, str, int]] = []
+    for m in _TOKEN.finditer(source):
+        kind = m.lastgroup or "punct"
+        if kind not in ("space", "comment"):
+            tokens.append((kind, m.group(), m.start()))
+    match: dict[int, int] = {}
+    stack: list[int] = []
+    for i, (kind, text, _) in enumerate(tokens):
+        if kind != "punct":
+            continue
+        if text in _OPEN:
+            stack.append(i)
+        elif text in _CLOSE and stack and tokens[stack[-1]][1] == _CLOSE[text]:
+            match[i] = stack.pop()
+    top: list[Comprehension] = []
+    # Open parentheses: (index of the closing token, the comprehension it opened or None, its variable)
+    frames: list[tuple[int, Comprehension | None, str | None]] = []
+    closing = {v: k for k, v in match.items()}
+    for i, (kind, text, _) in enumerate(tokens):
+        while frames and frames[-1][0] < i:
+            frames.pop()
+        if kind == "punct" and text == "(" and i in closing:
+            node: Comprehension | None = None
+            var: str | None = None
+            if i >= 2 and tokens[i - 1][0] == "ident" and tokens[i - 1][1] in _MACROS and tokens[i - 2][1] == ".":
+                start, root = _receiver(tokens, match, i - 3)
+                bound_vars = {v for _, _, v in frames if v is not None}
+                var = tokens[i + 1][1] if i + 1 < len(tokens) and tokens[i + 1][0] == "ident" else None
+                begin = tokens[start][2] if start <= i - 3 else tokens[i - 2][2]
+                node = Comprehension(
+                    tokens[i - 1][1], source[begin : tokens[i - 2][2]], root, root is not None and root in bound_vars
+                )
+                parent = next((n for _, n, _ in reversed(frames) if n is not None), None)
+                (parent.children if parent is not None else top).append(node)
+            frames.append((closing[i], node, var))
+    return top
+
+
+def _receiver(tokens: list[tuple[str, str, int]], match: dict[int, int], i: int) -> tuple[int, str | None]:
+    """Walk back over the postfix chain ending at token ``i`` (``a.b[0].filter(...)``): where it
+    starts and the identifier it starts from (None for a literal or a parenthesised expression)."""
+    while i >= 0:
+        kind, text, _ = tokens[i]
+        if kind == "punct" and text in _CLOSE and i in match:
+            j = match[i]
+            before = tokens[j - 1] if j >= 1 else None
+            if text == ")" and before is not None and before[0] == "ident":
+                i = j - 1  # a call: method or function name
+                continue
+            if text == "]" and before is not None and (before[0] == "ident" or before[1] in (")", "]")):
+                i = j - 1  # an index
+                continue
+            return j, None  # a literal or a parenthesised expression
+        if kind == "ident":
+            if i >= 2 and tokens[i - 1][1] == ".":
+                i -= 2
+                continue
+            return i, text
+        return i, None
+    return 0, None
+
+
+def nesting(nodes: list[Comprehension]) -> tuple[int, list[Comprehension]]:
+    """The deepest chain of comprehensions over whole collections (ranges not taken from an
+    enclosing comprehension's element), and that chain."""
+    best: tuple[int, list[Comprehension]] = (0, [])
+    for n in nodes:
+        depth, chain = nesting(n.children)
+        if not n.bound:
+            depth += 1
+        if depth > best[0]:
+            best = (depth, [n, *chain])
+    return best
+
+
+def estimate_cost(nodes: list[Comprehension], steps: int, largest: Callable[[], int], element: float = 1.0) -> int:
+    """Upper estimate of the iterations of ``nodes``: a range over ``steps`` has ``steps``
+    elements, any other at most ``largest()`` (the biggest list or map in the activation).
+    ``map`` and ``filter`` also copy their growing result at each element in this binding (so
+    they are quadratic: a ``filter`` over 5,000 step maps takes 13 s), at ``FILTER_COPY_COST``
+    per value copied, elements of ``element`` values."""
+    total = 0
+
+    def size(n: Comprehension) -> int:
+        return steps if n.root == "steps" and not n.bound else largest()
+
+    def walk(level: list[Comprehension], outer: int) -> None:
+        nonlocal total
+        for n in level:
+            k = max(1, size(n))
+            inner = outer * k
+            total += inner
+            if n.macro in ("map", "filter"):
+                total += outer * math.ceil(k * k * element * FILTER_COPY_COST)
+            walk(n.children, inner)
+
+    walk(nodes, 1)
+    return total
+
+
+def measure(value: Any, limit: int = 1_000_000) -> tuple[int, int]:
+    """How many values ``value`` holds (what converting it into CEL costs) and the length of its
+    biggest list or map; past ``limit`` values walked, ``limit`` for both (assume the worst)."""
+    largest = 0
+    todo = [value]
+    seen = 0
+    while todo:
+        if seen >= limit:
+            return limit, max(largest, limit)
+        v = todo.pop()
+        seen += 1
+        if isinstance(v, dict):
+            largest = max(largest, len(v))
+            todo.extend(v.values())
+        elif isinstance(v, list | tuple):
+            largest = max(largest, len(v))
+            todo.extend(v)
+    return seen, largest
+
+
+class CostBudget:
+    """What expressions may still cost on one trajectory (for one policy). The unit is one
+    iteration of a comprehension's body; converting a value into CEL costs ``CONVERT_COST``
+    of them (measured: about 2 µs a value against 0.8 µs an iteration)."""
+
+    __slots__ = ("_measured", "limit", "spent")
+
+    def __init__(self, limit: int = COST_BUDGET) -> None:
+        self.limit = limit
+        self.spent = 0
+        # id -> (the value, kept so that its id is not reused; values; largest collection)
+        self._measured: dict[int, tuple[Any, int, int]] = {}
+
+    def measure(self, value: Any) -> tuple[int, int]:
+        """``measure(value)``, once per list or map (the step maps are the same list every call)."""
+        if not isinstance(value, dict | list):
+            return 1, 0
+        known = self._measured.get(id(value))
+        if known is not None and known[0] is value:
+            return known[1], known[2]
+        values, largest = measure(value)
+        self._measured[id(value)] = (value, values, largest)
+        return values, largest
+
 
 class ExpressionError(ValueError):
     """An expression that does not compile, or names something that does not exist."""
@@ -36,9 +221,11 @@ class ExpressionError(ValueError):
 class Expression:
     """One compiled expression and the variables it reads, so callers build only those."""
 
-    __slots__ = ("program", "source", "variables", "words")
+    __slots__ = ("comprehensions", "program", "source", "variables", "words")
 
     def __init__(self, source: str, allowed: Collection[str]) -> None:
+        if len(source) > MAX_SOURCE_CHARS:
+            raise ExpressionError(f"CEL expression is {len(source)} characters long, at most {MAX_SOURCE_CHARS}")
         try:
             self.program = cel.compile(source)
         except ValueError as exc:
@@ -61,9 +248,41 @@ class Expression:
         self.variables = frozenset(names & set(allowed))
         # Every identifier in the source: step and trajectory maps are built with only these fields.
         self.words = frozenset(_WORD.findall(source))
+        self.comprehensions = comprehensions(source)
+        depth, chain = nesting(self.comprehensions)
+        if depth > MAX_NESTING:
+            shown = " inside ".join(f"{n.range_text}.{n.macro}" for n in reversed(chain))
+            raise ExpressionError(
+                f"CEL expression {source!r} nests comprehensions over whole collections {depth} deep ({shown}): "
+                f"at most {MAX_NESTING}, since each level multiplies the work (len(steps)^{depth} evaluations)"
+            )
 
-    def run(self, activation: Mapping[str, Any]) -> Any:
-        """Evaluate; raises ``EvaluationError`` with the library's message on any failure."""
+    def cost(self, activation: Mapping[str, Any], budget: CostBudget) -> tuple[int, int, int]:
+        """Estimated cost of one evaluation on ``activation``: (total, values converted,
+        comprehension iterations)."""
+        values = largest = 0
+        for v in activation.values():
+            n, big = budget.measure(v)
+            values += n
+            largest = max(largest, big)
+        steps = activation.get("steps")
+        n_steps = len(steps) if isinstance(steps, list) else 0
+        element = values / largest if largest else 1.0  # values in an element, about
+        iterations = estimate_cost(self.comprehensions, n_steps, lambda: largest, element) if self.comprehensions else 0
+        return CONVERT_COST * values + iterations, values, iterations
+
+    def run(self, activation: Mapping[str, Any], budget: CostBudget | None = None) -> Any:
+        """Evaluate; raises ``EvaluationError`` with the library's message on any failure, and
+        ``BudgetExceeded`` (before evaluating) when the estimated cost would overspend ``budget``."""
+        if budget is not None:
+            cost, values, iterations = self.cost(activation, budget)
+            if budget.spent + cost > budget.limit:
+                raise BudgetExceeded(
+                    f"{BUDGET_EXCEEDED}: {self.source} would cost about {cost:,} ({values:,} values to convert, "
+                    f"{iterations:,} comprehension iterations), and {budget.spent:,} of the {budget.limit:,} "
+                    "allowed per trajectory are spent"
+                )
+            budget.spent += cost
         try:
             return self.program.execute(dict(activation))
         except KeyError as exc:
@@ -72,9 +291,9 @@ class Expression:
             text = str(exc).splitlines()
             raise EvaluationError(f"{type(exc).__name__}: {text[0] if text else repr(exc)}") from None
 
-    def test(self, activation: Mapping[str, Any]) -> bool:
+    def test(self, activation: Mapping[str, Any], budget: CostBudget | None = None) -> bool:
         """Evaluate to a boolean; anything else is an ``EvaluationError``."""
-        value = self.run(activation)
+        value = self.run(activation, budget)
         if not isinstance(value, bool):
             raise EvaluationError(f"expected true or false, got {value!r}")
         return value
@@ -82,3 +301,8 @@ class Expression:
 
 class EvaluationError(Exception):
     """An expression failed at run time (missing key, type mismatch): the verdict is indeterminate."""
+
+
+class BudgetExceeded(EvaluationError):
+    """The estimated cost of an evaluation would overspend the trajectory's budget; the message
+    starts with ``BUDGET_EXCEEDED``."""

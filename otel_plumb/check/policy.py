@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import fnmatch
 import os
-import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import yaml
+import re2
 from pydantic import ValidationError
 
+from otel_plumb import yamlfile
 from otel_plumb.check import checks as ck
 from otel_plumb.check import schema as sc
 from otel_plumb.check.errors import PolicyError
-from otel_plumb.check.expr import EvaluationError, Expression, ExpressionError
-from otel_plumb.check.source import LocatedYaml, load_located, plain_value
+from otel_plumb.check.expr import BUDGET_EXCEEDED, BudgetExceeded, EvaluationError, Expression, ExpressionError
+from otel_plumb.check.source import LocatedYaml, read_located
 from otel_plumb.check.values import MISSING, lookup, parse_path
 from otel_plumb.model import Severity, Step, Trajectory, Verdict
 from otel_plumb.model.trajectory import DATA_LOST, UNRECOGNISED_SPANS
@@ -24,8 +23,27 @@ GUARD_VARIABLES = ("ctx", "steps", "trajectory")
 ARG_VARIABLES = ("args", "result", "ctx", "step", "steps", "trajectory")
 
 
+def budget_exceeded(verdict: Verdict) -> bool:
+    """An indeterminate verdict because the trajectory's CEL cost budget ran out (to count it)."""
+    return verdict.verdict == "indeterminate" and verdict.message.startswith(BUDGET_EXCEEDED)
+
+
+def compile_regex(pattern: str) -> Any:
+    """An RE2 regex (linear time in the text, whatever the pattern). Raises ``re2.error`` for
+    what RE2 does not have (backreferences, lookaround) or a pattern too large to compile."""
+    options = re2.Options()
+    options.log_errors = False
+    return re2.compile(pattern, options)
+
+
+def regex_problem(exc: Exception) -> str:
+    arg = exc.args[0] if exc.args else exc
+    return arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
+
+
 class Glob:
-    """``applies_to`` globs: every given field must match (fnmatch, case-sensitive)."""
+    """``applies_to`` globs: every given field must match (``*``, ``?``, ``[...]`` as in fnmatch,
+    case-sensitive), matched with RE2 since the names come from spans."""
 
     __slots__ = ("agent", "service")
 
@@ -37,12 +55,46 @@ class Glob:
         return _glob_ok(self.service, trajectory.service) and _glob_ok(self.agent, trajectory.agent)
 
 
-def _glob(pattern: str | None) -> re.Pattern[str] | None:
-    return None if pattern is None else re.compile(fnmatch.translate(pattern))
+def _glob(pattern: str | None) -> Any:
+    return None if pattern is None else compile_regex(glob_regex(pattern))
 
 
-def _glob_ok(pattern: re.Pattern[str] | None, value: str | None) -> bool:
-    return pattern is None or (value is not None and pattern.match(value) is not None)
+def glob_regex(pattern: str) -> str:
+    """An fnmatch glob as an RE2 pattern matching the whole text."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        i += 1
+        if c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "[":
+            j = i
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:
+                out.append(r"\[")
+                continue
+            body = pattern[i:j]
+            i = j + 1
+            negate = body.startswith("!")
+            body = body[1:] if negate else body
+            body = body.replace("\\", "\\\\").replace("[", "\\[").replace("]", "\\]")
+            if body.startswith("^"):
+                body = "\\" + body
+            out.append(f"[{'^' if negate else ''}{body}]")
+        else:
+            out.append(c if c.isalnum() else re2.escape(c))
+    return r"\A(?s:" + "".join(out) + r")\z"
+
+
+def _glob_ok(pattern: Any, value: str | None) -> bool:
+    return pattern is None or (value is not None and pattern.search(value) is not None)
 
 
 class Scope:
@@ -147,7 +199,9 @@ class CompiledInvariant:
             return ck.Outcome("not_applicable", None, f"not for service {t.service!r}, agent {t.agent!r}")
         if self.guard is not None:
             try:
-                active = self.guard.test(run.activation(self.guard, t.steps))
+                active = self.guard.test(run.activation(self.guard, t.steps), run.budget)
+            except BudgetExceeded as exc:
+                return ck.Outcome("indeterminate", None, f"{exc} (when)")
             except EvaluationError as exc:
                 return ck.Outcome("indeterminate", None, f"when {self.guard.source}: {exc}")
             if not active:
@@ -289,12 +343,7 @@ class CompiledPolicy:
 def load_policy(path: str | os.PathLike[str]) -> CompiledPolicy:
     """Read, validate and compile one policy file. Raises ``PolicyError`` naming file and line."""
     path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PolicyError(path, None, f"cannot read policy: {exc}") from None
-    doc = load_located(path, text)
+    doc = read_located(path)
     if not isinstance(doc.data, dict):
         raise PolicyError(
             path, 1, "a policy is a mapping with policy, invariants and optional applies_to, task, context"
@@ -440,9 +489,12 @@ def _compile_invariant(
     elif inv.arg_matches is not None:
         m = inv.arg_matches
         try:
-            regex = re.compile(m.regex)
-        except re.error as exc:
-            raise doc.error((*here, "regex"), f"regex {m.regex!r} does not compile: {exc}") from None
+            regex = compile_regex(m.regex)
+        except re2.error as exc:
+            raise doc.error(
+                (*here, "regex"), f"regex {m.regex!r} does not compile with RE2: {regex_problem(exc)} (RE2 has no "
+                "backreferences or lookaround; it matches in time linear in the text)",
+            ) from None
         check = ck.ArgMatches(_tools(m.tool), m.arg, path(m.arg, (*here, "arg")), regex)
     elif inv.arg_satisfies is not None:
         e = inv.arg_satisfies
@@ -505,12 +557,13 @@ def _read_context_file(doc: LocatedYaml, spec: sc.PolicyFile) -> dict[str, dict[
         raise doc.error(loc, "context.file needs task.attribute to know which entry belongs to a trajectory")
     full = os.path.join(os.path.dirname(os.path.abspath(doc.path)), spec.context.file)
     try:
-        with open(full, encoding="utf-8") as f:
-            data = yaml.safe_load(f)  # YAML is a superset of JSON: reads both
-    except OSError as exc:
-        raise doc.error(loc, f"context file {spec.context.file!r} cannot be read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise doc.error(loc, f"context file {spec.context.file!r} is not valid YAML/JSON: {exc}") from None
+        data = yamlfile.load(full).data  # YAML is a superset of JSON: reads both
+    except yamlfile.YamlError as exc:
+        name = spec.context.file
+        if exc.message.startswith("cannot read: "):
+            raise doc.error(loc, f"context file {name!r} cannot be read: {exc.message[13:]}") from None
+        where = f" line {exc.line}" if exc.line is not None else ""
+        raise doc.error(loc, f"context file {name!r}{where}: {exc.message}") from None
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise doc.error(loc, f"context file {spec.context.file!r} must map each task id to a mapping of values")
-    return {str(k): {str(kk): plain_value(vv) for kk, vv in v.items()} for k, v in data.items()}
+    return {str(k): {str(kk): vv for kk, vv in v.items()} for k, v in data.items()}

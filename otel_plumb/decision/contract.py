@@ -19,8 +19,9 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from otel_plumb import yamlfile
 from otel_plumb.decision.errors import ContractError
-from otel_plumb.decision.validation import Strict, format_errors, parse_document
+from otel_plumb.decision.validation import Strict, format_errors, unique_keys
 
 SCHEMA_VERSION = "0.1"
 DEFAULT_BACKEND = "default"
@@ -567,20 +568,24 @@ def parse_contract(data: Any, *, source: str = "<contract>", text: str | None = 
 
 
 def load_contract(path: str | Path) -> LoadedContract:
+    """Read a contract through the one YAML loader (``otel_plumb.yamlfile``: duplicate keys
+    refused, aliases bounded, dates as text), at most ``MAX_CONTRACT_BYTES``; a ``.json`` file
+    must be JSON."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ContractError(f"{path}: cannot read contract: {exc.strerror or exc}") from exc
-    if len(raw) > MAX_CONTRACT_BYTES:
-        raise ContractError(f"{path}: contract is larger than {MAX_CONTRACT_BYTES} bytes")
+        text = yamlfile.read_text(path, MAX_CONTRACT_BYTES)
+    except yamlfile.YamlError as exc:
+        where = f" (line {exc.line})" if exc.line is not None else ""
+        raise ContractError(f"{path}: cannot read contract{where}: {exc.message}") from None
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ContractError(f"{path}: contract is not valid UTF-8") from exc
-    try:
-        data = parse_document(text, json_only=path.suffix.lower() == ".json")
-    except Exception as exc:  # yaml.YAMLError or ValueError, both carry the position
-        raise ContractError(f"{path}: cannot parse file:\n  {exc}") from exc
+        if path.suffix.lower() == ".json":
+            data = json.loads(text, object_pairs_hook=unique_keys)
+        else:
+            data = yamlfile.parse(text, str(path), max_bytes=MAX_CONTRACT_BYTES).data
+    except yamlfile.YamlError as exc:
+        where = f"line {exc.line}: " if exc.line is not None else ""
+        raise ContractError(f"{path}: cannot parse file:\n  {where}{exc.message}") from None
+    except ValueError as exc:  # JSON: carries the position
+        raise ContractError(f"{path}: cannot parse file:\n  {exc}") from None
     contract = parse_contract(data, source=str(path), text=text)
     return LoadedContract(contract, path, contract_hash(contract))

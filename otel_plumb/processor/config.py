@@ -1,23 +1,24 @@
 """The processor's configuration: one YAML file, validated by pydantic, overridable by flags.
 
-Secrets come from the environment with the Collector's ``${env:NAME}`` syntax (``${env:NAME:-default}``
-for a default, ``$${`` for a literal ``${``). Every error names the file, the line and the key.
+Read by the one YAML loader (``otel_plumb.yamlfile``: at most 10 MiB, duplicate keys refused,
+aliases bounded). Secrets come from the environment with the Collector's ``${env:NAME}`` syntax
+(``${env:NAME:-default}`` for a default, ``$${`` for a literal ``${``), in values only. Every error
+names the file, the line and the key.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from otel_plumb import yamlfile
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-_ENV = re.compile(r"\$(\$?)\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class ConfigError(ValueError):
@@ -196,71 +197,24 @@ class ProcessorConfig(_Model):
 
 def substitute_env(value: str, where: str = "<config>") -> str:
     """Replace ``${env:NAME}`` (Collector syntax). An unset variable without a default is an error."""
-
-    def repl(m: re.Match[str]) -> str:
-        if m.group(1):  # $${...} is a literal ${...}
-            return m.group(0)[1:]
-        name, default = m.group(2), m.group(3)
-        env = os.environ.get(name)
-        if env is None:
-            if default is not None:
-                return default
-            raise ConfigError(f"{where}: environment variable {name} is not set (referenced as {m.group(0)})")
-        return env
-
-    return _ENV.sub(repl, value)
-
-
-def _substitute_nodes(node: yaml.Node, source: str) -> None:
-    """Expand ``${env:...}`` in scalar values only (as the Collector does): never in comments or keys."""
-    if isinstance(node, yaml.ScalarNode):
-        if isinstance(node.value, str) and "${" in node.value:
-            node.value = substitute_env(node.value, f"{source}:{node.start_mark.line + 1}")
-    elif isinstance(node, yaml.MappingNode):
-        for _key, value in node.value:
-            _substitute_nodes(value, source)
-    elif isinstance(node, yaml.SequenceNode):
-        for item in node.value:
-            _substitute_nodes(item, source)
-
-
-def _line_of(node: yaml.Node | None, loc: Sequence[int | str]) -> tuple[int | None, str]:
-    """The YAML line of the deepest node on ``loc`` that exists, and the key path as text."""
-    line = node.start_mark.line + 1 if node is not None else None
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            match = next((kv for kv in node.value if getattr(kv[0], "value", None) == part), None)
-            if match is None:
-                break
-            line, node = match[0].start_mark.line + 1, match[1]
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
-            break
-    return line, ".".join(str(p) for p in loc)
+    try:
+        return yamlfile.expand_env(value, where, None)
+    except yamlfile.YamlError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None) -> ProcessorConfig:
     """The config from ``path`` (none: SPEC defaults), with ``overrides`` (dotted keys) applied on top."""
     source = str(path) if path is not None else "<defaults>"
     data: dict[str, Any] = {}
-    node: yaml.Node | None = None
+    doc: yamlfile.Document | None = None
     if path is not None:
+        # The one YAML loader (size limit, duplicate keys, bounded aliases), with ${env:} in values.
         try:
-            raw = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"{source}: cannot read: {exc.strerror}") from exc
-        try:
-            node = yaml.compose(raw, Loader=yaml.SafeLoader)
-            loaded = None
-            if node is not None:
-                _substitute_nodes(node, source)
-                loaded = yaml.SafeLoader("").construct_document(node)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f":{mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{source}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from exc
+            doc = yamlfile.load(path, env=True)
+        except yamlfile.YamlError as exc:
+            raise ConfigError(str(exc)) from None
+        loaded = doc.data
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{source}:1: the config must be a mapping of sections")
         data = loaded or {}
@@ -278,7 +232,8 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str,
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
-            line, key = _line_of(node, err["loc"])
+            line = doc.line_of(err["loc"]) if doc is not None else None
+            key = ".".join(str(p) for p in err["loc"])
             where = f"{source}:{line}" if line is not None else source
             what = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
             lines.append(f"{where}: {key}: {what}")
