@@ -60,11 +60,24 @@ class _Model(BaseModel):
 class GrpcReceiverConfig(_Model):
     endpoint: Endpoint = "127.0.0.1:4317"
     enabled: bool = True
+    # Connections without a call for this long get a GOAWAY (grpc.max_connection_idle_ms); 0: never.
+    idle_timeout: Seconds = 60.0
+    # Connections open at once (grpc.max_allowed_incoming_connections); lowered at start when
+    # the open-file limit cannot hold them all.
+    max_connections: int = Field(default=1024, ge=1)
+    # Calls in flight per connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
+    max_concurrent_streams: int = Field(default=100, ge=1)
 
 
 class HttpReceiverConfig(_Model):
     endpoint: Endpoint = "127.0.0.1:4318"
     enabled: bool = True
+    # Connections idle this long (before a request, between requests, or waiting for the next
+    # chunk of a body) are closed.
+    idle_timeout: Seconds = Field(default=60.0, gt=0)
+    # Connections open at once; at the cap a new one closes the longest idle, or is answered
+    # 503 when all are busy. Lowered at start when the open-file limit cannot hold them all.
+    max_connections: int = Field(default=1024, ge=1)
 
 
 class ReceiversConfig(_Model):

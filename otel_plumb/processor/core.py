@@ -42,12 +42,17 @@ from otel_plumb.processor.consumers import (
     MetricsConsumer,
     VerdictLogConsumer,
 )
-from otel_plumb.receive import grpc_server, http_server
+from otel_plumb.ratelimit import RateLimitedLog
+from otel_plumb.receive import connections, grpc_server, http_server
 from otel_plumb.receive.otlp import attributes, span_record
 from otel_plumb.receive.sink import IngestResult, Throttled
 from otel_plumb.watch import VerdictHub
 
 log = logging.getLogger("otel_plumb.processor")
+_malformed_log = RateLimitedLog(log)
+# The metrics endpoint's connections (scrapers, probes): few, and closed when idle.
+METRICS_MAX_CONNECTIONS = 64
+METRICS_IDLE_TIMEOUT = 60.0
 
 
 def load_policy_files(paths: Sequence[str]) -> list[CompiledPolicy]:
@@ -133,8 +138,20 @@ class Processor:
             await self.exporter.start()
             if self._annotate:
                 await self._replay_journal()
+        receivers = cfg.receivers
+        wanted = {"metrics": METRICS_MAX_CONNECTIONS} if cfg.metrics.endpoint else {}
+        if receivers.grpc.enabled:
+            wanted["grpc"] = receivers.grpc.max_connections
+        if receivers.http.enabled:
+            wanted["http"] = receivers.http.max_connections
+        caps = connections.connection_caps(wanted)
         if cfg.receivers.grpc.enabled:
-            self._grpc = grpc_server.create_server(max_bytes)
+            self._grpc = grpc_server.create_server(
+                max_bytes,
+                idle_timeout=receivers.grpc.idle_timeout,
+                max_connections=caps["grpc"],
+                max_concurrent_streams=receivers.grpc.max_concurrent_streams,
+            )
             self._grpc.add_generic_rpc_handlers((grpc_server.trace_service_handler(self),))
             from otel_plumb.watch.service import add_verdict_service
 
@@ -149,11 +166,20 @@ class Processor:
             await self._grpc.start()
         if cfg.receivers.http.enabled:
             self.http_port = await self._serve(
-                http_server.traces_app(self, max_bytes), cfg.receivers.http.endpoint, "OTLP/HTTP"
+                http_server.traces_app(self, max_bytes, body_timeout=receivers.http.idle_timeout),
+                cfg.receivers.http.endpoint,
+                "OTLP/HTTP",
+                caps["http"],
+                receivers.http.idle_timeout,
+                auto_decompress=False,  # the receiver inflates bodies itself, within the size limit
             )
         if cfg.metrics.endpoint:
             self.metrics_port = await self._serve(
-                metrics_app(self.metrics, lambda: self.ready), cfg.metrics.endpoint, "metrics"
+                metrics_app(self.metrics, lambda: self.ready),
+                cfg.metrics.endpoint,
+                "metrics",
+                caps["metrics"],
+                METRICS_IDLE_TIMEOUT,
             )
         self._tick_task = asyncio.create_task(self._tick())
         self._started = True
@@ -170,20 +196,19 @@ class Processor:
     def _addr(endpoint: str, port: int | None) -> str:
         return f"{parse_hostport(endpoint)[0]}:{port}" if port is not None else "off"
 
-    async def _serve(self, app: web.Application, endpoint: str, what: str) -> int:
+    async def _serve(
+        self, app: web.Application, endpoint: str, what: str, max_connections: int, idle_timeout: float, **kwargs: bool
+    ) -> int:
+        """Serve ``app`` with bounded, idle-closing connections (``receive.connections``)."""
         host, port = parse_hostport(endpoint)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port)
         try:
-            await site.start()
+            runner, bound, _limiter = await connections.serve(
+                app, host, port, what, max_connections, idle_timeout, **kwargs
+            )
         except OSError as exc:
-            await runner.cleanup()
             raise OSError(f"cannot listen on {endpoint} for {what}: {exc.strerror}") from exc
         self._runners.append(runner)
-        server = site._server
-        assert server is not None and server.sockets  # type: ignore[attr-defined]
-        return int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+        return bound
 
     async def stop(self, grace: float | None = None) -> bool:
         """Drain: refuse new requests (retryable), decide everything buffered, and wait up to
@@ -223,7 +248,8 @@ class Processor:
 
     def malformed(self, receiver: str, reason: str) -> None:
         self.metrics.spans_dropped.labels("malformed").inc()
-        log.warning("malformed OTLP request on %s: %s", receiver, reason)
+        # A flood of bad requests logs a line per interval (with the count), not one each.
+        _malformed_log.warning(f"malformed:{receiver}", "malformed OTLP request on %s: %s", receiver, reason)
 
     def _check_capacity(self) -> None:
         retry_after = self.config.receivers.retry_after

@@ -44,8 +44,8 @@ def trace_service_handler(sink: SpanSink, receiver: str = "grpc") -> grpc.Generi
     async def export(raw: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
         try:
             request = ExportTraceServiceRequest.FromString(raw)
-        except DecodeError as exc:
-            sink.malformed(receiver, str(exc))
+        except (DecodeError, RecursionError, MemoryError, ValueError) as exc:
+            sink.malformed(receiver, str(exc) or type(exc).__name__)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not an ExportTraceServiceRequest: {exc}")
         try:
             result = await sink.ingest(request, receiver, raw)
@@ -64,12 +64,31 @@ def trace_service_handler(sink: SpanSink, receiver: str = "grpc") -> grpc.Generi
     )
 
 
-def create_server(max_message_bytes: int) -> grpc.aio.Server:
-    return grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            # A second process on the same port must fail to start, not share the traffic.
-            ("grpc.so_reuseport", 0),
-        ]
-    )
+def server_options(
+    max_message_bytes: int,
+    idle_timeout: float = 60.0,
+    max_connections: int = 1024,
+    max_concurrent_streams: int = 100,
+) -> list[tuple[str, int]]:
+    """The gRPC server's channel args: message size, and connections bounded in number and
+    closed when idle (GOAWAY after ``idle_timeout`` without a call; 0 keeps them). A connection
+    that does not complete the HTTP/2 handshake is dropped after 10 s, or ``idle_timeout`` if
+    shorter."""
+    handshake_timeout = min(10.0, idle_timeout) if idle_timeout > 0 else 10.0
+    options = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        # A second process on the same port must fail to start, not share the traffic.
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_allowed_incoming_connections", max_connections),
+        ("grpc.max_concurrent_streams", max_concurrent_streams),
+        ("grpc.server_handshake_timeout_ms", max(1, int(handshake_timeout * 1000))),
+    ]
+    if idle_timeout > 0:
+        options.append(("grpc.max_connection_idle_ms", max(1, int(idle_timeout * 1000))))
+    return options
+
+
+def create_server(max_message_bytes: int, **limits: float) -> grpc.aio.Server:
+    """See ``server_options`` for ``limits``."""
+    return grpc.aio.server(options=server_options(max_message_bytes, **limits))  # type: ignore[arg-type]

@@ -14,9 +14,14 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 _ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"})
+# Deepest JSON nesting read: beyond what protobuf's parser takes (100 nested messages) anyway,
+# and far below Python's recursion limit.
+MAX_DEPTH = 256
 
 
-def _hex_ids_to_base64(node: Any) -> Any:
+def _hex_ids_to_base64(node: Any, depth: int = 0) -> Any:
+    if depth > MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
     if isinstance(node, dict):
         out = {}
         for k, v in node.items():
@@ -26,23 +31,24 @@ def _hex_ids_to_base64(node: Any) -> Any:
                 except ValueError as exc:
                     raise ValueError(f"{k} is not hex: {v!r}") from exc
             else:
-                v = _hex_ids_to_base64(v)
+                v = _hex_ids_to_base64(v, depth + 1)
             out[k] = v
         return out
     if isinstance(node, list):
-        return [_hex_ids_to_base64(x) for x in node]
+        return [_hex_ids_to_base64(x, depth + 1) for x in node]
     return node
 
 
 def parse_request(obj: dict[str, Any]) -> ExportTraceServiceRequest:
     """An OTLP/JSON ExportTraceServiceRequest (already decoded from JSON) -> protobuf.
 
-    Raises ValueError (with protobuf's message) when the object is not a valid request.
+    Raises ValueError (with protobuf's message) when the object is not a valid request,
+    including one nested deeper than ``MAX_DEPTH``.
     """
     message = ExportTraceServiceRequest()
     try:
         json_format.ParseDict(_hex_ids_to_base64(obj), message, ignore_unknown_fields=True)
-    except json_format.ParseError as exc:
+    except (json_format.ParseError, RecursionError) as exc:
         raise ValueError(str(exc)) from exc
     return message
 
