@@ -7,10 +7,20 @@ from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
-from otel_plumb.export.annotate import Origin, Payload, annotate, build_requests
+from otel_plumb.export.annotate import (
+    Origin,
+    Payload,
+    annotate,
+    build_requests,
+    encode_requests,
+    halve_request,
+    split_request,
+    truncate,
+)
 from otel_plumb.model import Trajectory, Verdict
 
 ADDED_ATTRIBUTES = {
@@ -135,3 +145,44 @@ def test_regrouping_keeps_resource_and_scope(layout: list[tuple[int, int]], max_
                     assert ss.scope.name == f"scope{r}{s}" and ss.schema_url == f"s{r}{s}"
                     seen[span.span_id] += 1
     assert seen == Counter(p[0].span_id for p in payloads)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3000)), min_size=1, max_size=40), st.integers(2048, 20000))
+def test_requests_stay_under_max_bytes_and_split_requests_keep_every_span(
+    layout: list[tuple[int, int]], max_bytes: int
+) -> None:
+    resources = [ResourceSpans(schema_url=f"r{i}") for i in range(3)]
+    scopes = [ScopeSpans(schema_url=f"s{i}") for i in range(3)]
+    payloads: list[Payload] = []
+    for n, (r, size) in enumerate(layout):
+        span = Span(span_id=n.to_bytes(8, "big"), trace_id=b"\x01" * 16, name="x" * size)
+        payloads.append((span, Origin(resources[r], scopes[r]), span.span_id.hex(), 0))
+    bodies = encode_requests(payloads, 1000, max_bytes)
+    for body, count in bodies:
+        assert len(body) <= max_bytes or count == 1, "only a span too big alone goes over"
+    assert sum(count for _, count in bodies) == len(payloads)
+    # Splitting a request again (what the exporter does to a refused batch) loses nothing.
+    whole = encode_requests(payloads, 1000)[0][0]
+    halves = halve_request(whole, len(payloads)) if len(payloads) > 1 else [(whole, 1)]
+    again = [ExportTraceServiceRequest.FromString(b) for b, _ in split_request(whole, 1000, max_bytes)]
+    for parts in (halves, [(r.SerializeToString(), 0) for r in again]):
+        ids = [s.span_id for b, _ in parts for rs in ExportTraceServiceRequest.FromString(b).resource_spans
+               for ss in rs.scope_spans for s in ss.spans]  # fmt: skip
+        assert sorted(ids) == sorted(p[0].span_id for p in payloads)
+
+
+def test_annotation_values_are_cut_with_a_marker() -> None:
+    span = Span(span_id=b"\x02" * 8, trace_id=b"\x01" * 16, name="send_email")
+    payloads: list[Payload] = [(span, Origin(ResourceSpans(), ScopeSpans()), span.span_id.hex(), 0)]
+    trajectory = Trajectory(key="01" * 16, trace_ids=["01" * 16], steps=[])
+    big = "y" * 100_000
+    verdict = Verdict(policy="p", invariant="short", verdict="fail", severity="high", message=f"got {big}",
+                      span_id=span.span_id.hex(), expected="^short$", got=big)  # fmt: skip
+    annotate(payloads, trajectory, "violating", ["p"], [verdict], max_chars=100)
+    event = span.events[0]
+    values = {a.key: a.value.string_value for a in event.attributes}
+    assert values["got"] == "y" * 100 + "… [99900 more characters]"
+    assert values["message"].endswith("more characters]") and len(values["message"]) < 140
+    assert values["expected"] == "^short$"
+    assert truncate("short", 100) == "short"

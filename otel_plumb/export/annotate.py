@@ -39,19 +39,31 @@ class Origin:
 Payload = tuple[Span, Origin, str, int]
 
 
+# Default cut for annotation values (exporters.otlp.max_annotation_chars).
+MAX_ANNOTATION_CHARS = 1024
+
+
 def _text(value: Any) -> str:
     if value is None:
         return ""
     return value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
 
 
-def violation_event_attributes(v: Verdict) -> dict[str, Any]:
+def truncate(text: str, max_chars: int) -> str:
+    """``text`` cut to ``max_chars`` characters, with a visible marker of how much was left out,
+    so a span annotated with a huge argument is not much bigger than the span received."""
+    if len(text) <= max_chars:
+        return text
+    return f"{text[:max_chars]}… [{len(text) - max_chars} more characters]"
+
+
+def violation_event_attributes(v: Verdict, max_chars: int = MAX_ANNOTATION_CHARS) -> dict[str, Any]:
     return {
         "invariant": v.invariant,
         "severity": v.severity,
-        "message": v.message,
-        "expected": _text(v.expected),
-        "got": _text(v.got),
+        "message": truncate(v.message, max_chars),
+        "expected": truncate(_text(v.expected), max_chars),
+        "got": truncate(_text(v.got), max_chars),
     }
 
 
@@ -70,12 +82,14 @@ def annotate(
     status: str,
     policies: Sequence[str],
     verdicts: Iterable[Verdict],
+    max_chars: int = MAX_ANNOTATION_CHARS,
 ) -> None:
     """Add the verdict annotations to the spans of one trajectory, in place.
 
     Root span: plumb.verdict, plumb.policy, plumb.violations.count, plumb.violations.ids. Each
     offending span: plumb.violation.ids and one ``plumb.violation`` event per violation. A
-    violation localised to no step (a missing call) goes on the root span.
+    violation localised to no step (a missing call) goes on the root span. Values copied from
+    the verdict (message, expected, got) are cut to ``max_chars`` characters.
     """
     failures = [v for v in verdicts if v.verdict == "fail"]
     root_id = trajectory.root_span_id
@@ -100,23 +114,48 @@ def annotate(
             event = span.events.add()
             event.name = VIOLATION_EVENT
             event.time_unix_nano = span.end_time_unix_nano or span.start_time_unix_nano
-            event.attributes.extend(to_key_values(violation_event_attributes(v)))
+            event.attributes.extend(to_key_values(violation_event_attributes(v, max_chars)))
 
 
-def encode_requests(payloads: Iterable[Payload], max_spans: int) -> list[tuple[bytes, int]]:
+def encode_requests(
+    payloads: Iterable[Payload], max_spans: int, max_bytes: int | None = None
+) -> list[tuple[bytes, int]]:
     """Serialised ``ExportTraceServiceRequest``s: spans grouped back under their resource and
-    scope, at most ``max_spans`` spans per request.
+    scope, at most ``max_spans`` spans and about ``max_bytes`` bytes per request (a span bigger
+    than that alone goes in a request of its own).
 
     The request is written in protobuf wire format around each span's own serialisation, so spans
     are serialised once and never copied into a new message (the bulk of the export cost)."""
+    return _encode_spans(((span.SerializeToString(), origin) for span, origin, _, _ in payloads), max_spans, max_bytes)
+
+
+# Bytes a resource or scope wrapper may add to a request, besides the spans (an estimate, so
+# that requests stay under max_bytes without serialising them twice).
+_GROUP_OVERHEAD = 64
+
+
+def _encode_spans(
+    spans: Iterable[tuple[bytes, Origin]], max_spans: int, max_bytes: int | None
+) -> list[tuple[bytes, int]]:
     out: list[tuple[bytes, int]] = []
     groups: dict[int, tuple[ResourceSpans, dict[int, tuple[ScopeSpans, list[bytes]]]]] = {}
-    count = 0
-    for span, origin, _, _ in payloads:
-        if count >= max_spans:
-            out.append((_encode_request(groups), count))
-            groups, count = {}, 0
+    count = size = 0
+    sizes: dict[int, int] = {}
+    for body, origin in spans:
         rs = origin.resource_spans
+        ss = origin.scope_spans
+        extra = len(body) + 6
+        if max_bytes is not None:
+            if id(rs) not in groups:
+                extra += sizes.get(id(rs)) or sizes.setdefault(id(rs), rs.resource.ByteSize() + _GROUP_OVERHEAD)
+            if id(rs) not in groups or id(ss) not in groups[id(rs)][1]:
+                extra += sizes.get(id(ss)) or sizes.setdefault(id(ss), ss.scope.ByteSize() + _GROUP_OVERHEAD)
+        if count and (count >= max_spans or (max_bytes is not None and size + extra > max_bytes)):
+            out.append((_encode_request(groups), count))
+            groups, count, size = {}, 0, 0
+            if max_bytes is not None:  # the wrappers go into the new request as well
+                extra = len(body) + 6 + sizes[id(rs)] + sizes[id(ss)]
+        size += extra
         group = groups.get(id(rs))
         if group is None:
             group = groups[id(rs)] = (rs, {})
@@ -124,11 +163,37 @@ def encode_requests(payloads: Iterable[Payload], max_spans: int) -> list[tuple[b
         scope = group[1].get(id(ss))
         if scope is None:
             scope = group[1][id(ss)] = (ss, [])
-        scope[1].append(span.SerializeToString())
+        scope[1].append(body)
         count += 1
     if count:
         out.append((_encode_request(groups), count))
     return out
+
+
+def split_request(body: bytes, max_spans: int, max_bytes: int | None = None) -> list[tuple[bytes, int]]:
+    """A serialised request cut into requests of at most ``max_spans`` spans (and about
+    ``max_bytes`` bytes), every span under its own resource and scope as before."""
+    request = ExportTraceServiceRequest.FromString(body)
+    spans = (
+        (span.SerializeToString(), Origin(rs, ss))
+        for rs in request.resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+    )
+    # Holds every resource and scope of the request alive while encoding (they are told apart by id).
+    origins: dict[tuple[int, int], Origin] = {}
+
+    def grouped() -> Iterable[tuple[bytes, Origin]]:
+        for span_body, origin in spans:
+            key = (id(origin.resource_spans), id(origin.scope_spans))
+            yield span_body, origins.setdefault(key, origin)
+
+    return _encode_spans(grouped(), max_spans, max_bytes)
+
+
+def halve_request(body: bytes, spans: int) -> list[tuple[bytes, int]]:
+    """A serialised request of ``spans`` spans (at least 2) as two requests of about half each."""
+    return split_request(body, (spans + 1) // 2)
 
 
 def build_requests(payloads: Iterable[Payload], max_spans: int) -> list[tuple[ExportTraceServiceRequest, int]]:
@@ -171,7 +236,11 @@ def _encode_request(groups: dict[int, tuple[ResourceSpans, dict[int, tuple[Scope
 
 
 def verdict_span_request(
-    trajectory: Trajectory, status: str, policies: Sequence[str], verdicts: Iterable[Verdict]
+    trajectory: Trajectory,
+    status: str,
+    policies: Sequence[str],
+    verdicts: Iterable[Verdict],
+    max_chars: int = MAX_ANNOTATION_CHARS,
 ) -> ExportTraceServiceRequest:
     """Passthrough mode: the spans went out already, so the verdict travels as one small span in
     the same trace, a child of the root, with the same attributes and events the root would get."""
@@ -195,7 +264,7 @@ def verdict_span_request(
         event = span.events.add()
         event.name = VIOLATION_EVENT
         event.time_unix_nano = now
-        attrs = violation_event_attributes(v)
+        attrs = violation_event_attributes(v, max_chars)
         if v.span_id:
             attrs["span_id"] = v.span_id
         event.attributes.extend(to_key_values(attrs))

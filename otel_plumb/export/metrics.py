@@ -99,9 +99,28 @@ class Metrics:
         self.spans_unchecked = counter(
             "plumb_spans_unchecked", "Spans forwarded without being checked, by reason.", ["reason"]
         )
+        self.traces_evicted = counter(
+            "plumb_traces_evicted", "Traces let go before they completed (max_traces, max_wait), by reason.", ["reason"]
+        )
+        # Not in the fixed SPEC set: the assembly's memory estimate (assembly.max_buffered_bytes).
+        self.buffered_bytes = Gauge(
+            "plumb_buffered_bytes", "Estimated bytes held by spans buffered for assembly.", registry=r
+        )
+        # Not in the fixed SPEC set: what went wrong on the way out, and with the state directory.
+        self.export_errors = counter(
+            "plumb_export_errors", "Failed export attempts (requests), by error.", ["exporter", "error"]
+        )
+        self.storage_errors = counter(
+            "plumb_storage_errors", "Failed writes or reads of the on-disk queue and journal.", ["operation"]
+        )
+        self.queue_resets = Counter(
+            "plumb_queue_reset", "Corrupt queue files moved aside for a fresh queue.", registry=r
+        )
         self._pending: dict[tuple[_Capped[Counter], tuple[str | None, ...]], list[Any]] = {}
         for reason in ("malformed", "export_rejected"):
             self.spans_dropped.labels(reason)
+        for reason in ("max_traces", "max_wait"):
+            self.traces_evicted.labels(reason)
 
     def record_trajectory(
         self,

@@ -8,17 +8,34 @@ journaled request were queued already, so a replay after a crash sends no span t
 
 All calls run on one dedicated thread (SQLite connections are not shared across threads, and
 the event loop must not wait on disk).
+
+A file SQLite cannot read as a database (overwritten, truncated, a damaged page) is moved aside
+as ``<name>.corrupt-<timestamp>`` (with its -wal and -shm files) and a fresh queue is started;
+``moved_aside`` says so, for the caller to log and count.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import shutil
 import sqlite3
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+# SQLite's result codes for a file that is not (or no longer) a readable database.
+_CORRUPT = frozenset({"SQLITE_CORRUPT", "SQLITE_NOTADB"})
+
+
+def is_corrupt(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.DatabaseError) and (
+        getattr(exc, "sqlite_errorname", "") in _CORRUPT or "malformed" in str(exc) or "not a database" in str(exc)
+    )
 
 
 class DiskQueue:
@@ -26,13 +43,34 @@ class DiskQueue:
         self.path = path
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otel-plumb-queue")
         self._db: sqlite3.Connection | None = None
+        # (file moved aside, why) when the queue file was corrupt at open.
+        self.moved_aside: tuple[Path, str] | None = None
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     def _open(self) -> tuple[int, int, int]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._connect()
+        except sqlite3.DatabaseError as exc:
+            if not is_corrupt(exc):
+                raise
+            if self._db is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.close()
+                self._db = None
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
+            for suffix in ("", "-wal", "-shm"):
+                source = Path(f"{self.path}{suffix}")
+                if source.exists():
+                    shutil.move(source, Path(f"{aside}{suffix}"))
+            self.moved_aside = (aside, str(exc))
+            return self._connect()
+
+    def _connect(self) -> tuple[int, int, int]:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db = db
         db.execute("PRAGMA journal_mode=WAL")
         # NORMAL in WAL mode: a committed batch survives a process crash (SIGKILL); only an OS
         # crash or power loss can lose the last transactions.
@@ -45,7 +83,12 @@ class DiskQueue:
             "CREATE TABLE IF NOT EXISTS journal_done (jid INTEGER, trace_id BLOB, PRIMARY KEY (jid, trace_id))"
             " WITHOUT ROWID"
         )
-        self._db = db
+        db.execute("CREATE TABLE IF NOT EXISTS probe (body BLOB)")
+        # Damage past the first page only shows when it is read: look at every page once now,
+        # rather than have the sender fail on it later.
+        problem = db.execute("PRAGMA quick_check").fetchone()[0]
+        if problem != "ok":
+            raise sqlite3.DatabaseError(f"database disk image is malformed: {problem}")
         first, count, spans = db.execute("SELECT MIN(id), COUNT(*), COALESCE(SUM(spans), 0) FROM batches").fetchone()
         if first is None:
             row = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'batches'").fetchone()
@@ -72,7 +115,10 @@ class DiskQueue:
             self._release(released)
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # A full disk or an I/O error may have rolled the transaction back already.
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
             raise
         return ids
 
@@ -115,12 +161,26 @@ class DiskQueue:
         result: list[tuple[int, bytes, set[bytes]]] = await self._run(self._journaled)
         return result
 
-    def _delete(self, batch_id: int) -> None:
+    def _delete(self, batch_ids: list[int]) -> None:
         assert self._db is not None
-        self._db.execute("DELETE FROM batches WHERE id = ?", (batch_id,))
+        self._db.executemany("DELETE FROM batches WHERE id = ?", [(i,) for i in batch_ids])
 
-    async def delete(self, batch_id: int) -> None:
-        await self._run(self._delete, batch_id)
+    async def delete(self, batch_ids: list[int]) -> None:
+        await self._run(self._delete, batch_ids)
+
+    def _probe(self, size: int, min_free: int) -> None:
+        assert self._db is not None
+        stat = os.statvfs(self.path.parent)
+        free = stat.f_bavail * stat.f_frsize
+        if free < min_free:
+            raise OSError(28, f"{free} bytes free on the state directory's file system, less than {min_free}")
+        self._db.execute("INSERT INTO probe (body) VALUES (randomblob(?))", (size,))
+        self._db.execute("DELETE FROM probe")
+
+    async def probe(self, size: int = 65536, min_free: int = 1 << 20) -> None:
+        """A test write (``size`` bytes, then deleted); raises when it fails or when less than
+        ``min_free`` bytes are free on the file system."""
+        await self._run(self._probe, size, min_free)
 
     def _load(self, after: int, limit_spans: int) -> list[tuple[int, bytes, int]]:
         assert self._db is not None

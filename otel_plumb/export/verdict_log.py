@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import IO, Any
@@ -22,6 +23,9 @@ class VerdictLog:
             self._file.flush()
 
     def close(self) -> None:
+        """Close the file; what a full disk kept from being written is lost (the processor counts
+        the failed writes in plumb_storage_errors_total{operation="verdict_log"})."""
         if self._file is not None:
-            self._file.close()
+            with contextlib.suppress(OSError):
+                self._file.close()
             self._file = None
