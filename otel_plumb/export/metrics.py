@@ -79,6 +79,11 @@ class Metrics:
             "plumb_invariant_checks", "Invariant verdicts.", ["policy", "invariant", "severity", "verdict"]
         )
         self.violations = counter("plumb_violations", "Failed invariants.", ["policy", "invariant", "severity"])
+        self.check_budget_exceeded = counter(
+            "plumb_check_budget_exceeded",
+            "Verdicts left indeterminate because an expression's cost budget ran out.",
+            ["policy", "invariant"],
+        )
         self.tool_calls = counter("plumb_tool_calls", "Tool steps seen.", ["agent", "tool", "outcome"])
         self.coverage_tool_calls = counter(
             "plumb_coverage_tool_calls", "Tool steps by whether their arguments were captured.", ["agent", "arguments"]

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from otel_plumb.check import budget_exceeded
 from otel_plumb.export.metrics import Metrics
 from otel_plumb.export.verdict_log import VerdictLog
 from otel_plumb.model import Decided, Verdict
@@ -64,6 +65,9 @@ class MetricsConsumer:
                 m.record_trajectory(
                     decided.trajectory, d.new_failures, decided.verdicts, decided.status, decided.policies, d.latency_s
                 )
+                for v in decided.verdicts:
+                    if budget_exceeded(v):
+                        m.check_budget_exceeded.labels(v.policy, v.invariant).inc()
         m.flush()
 
 
