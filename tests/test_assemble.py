@@ -326,3 +326,141 @@ def test_hidden_requests_keep_the_callers_reason_and_a_missing_parent_comes_firs
     orphan = ns("x", "gone", 20)
     both = build_trajectory("t1", [root, hidden, orphan])
     assert both.incomplete_reason == "missing_parent" and len(both.problems) == 2
+
+
+# ---- limits: bytes, evictions, fairness between services, tombstones ------------------------
+
+
+def svc(span_id, service, trace, parent="p", kind="tool", name=None, start=0, **kw):
+    return ns(span_id, parent, start, kind, name, trace=trace, attributes={"service.name": service}, **kw)
+
+
+def test_bytes_are_counted_while_buffered_and_released_when_let_go():
+    asm = Assembler(AssemblyLimits(idle_timeout_s=1.0, max_wait_s=10.0, max_traces=2))
+    asm.add(ns("a", trace="t1"), None, 0.0, size=100)
+    asm.add(ns("b", "a", trace="t1"), None, 0.0, size=50)
+    asm.add(ns("c", "gone", trace="t2"), None, 0.0, size=7)
+    asm.add(ns("c2", "gone2", trace="t2"), None, 0.0)  # two top spans: no root, waits
+    assert asm.bytes_buffered == 157
+    assert asm.add(ns("b", "a", trace="t1"), None, 0.0, 0, size=50)[0] is AddOutcome.DUPLICATE
+    assert asm.bytes_buffered == 157  # a resend holds nothing
+    done = asm.due(1.5)
+    assert [f.key for f in done] == ["t1"] and done[0].size == 150 and asm.bytes_buffered == 7
+    asm.add(ns("d", "gone", trace="t3"), None, 2.0, size=3)
+    _, evicted = asm.add(ns("e", "gone", trace="t4"), None, 2.0, size=1)
+    assert [f.key for f in evicted] == ["t2"] and asm.bytes_buffered == 4
+    asm.drain(3.0)
+    assert asm.bytes_buffered == 0 and asm.spans_buffered == 0
+
+
+def test_a_session_holds_its_bytes_until_it_is_let_go():
+    asm = Assembler(AssemblyLimits(idle_timeout_s=1.0, group_by="session", session_idle_timeout_s=5.0))
+    asm.add(ns("a", trace="t1", session_id="s"), None, 0.0, size=10)
+    assert asm.due(2.0) == [] and asm.bytes_buffered == 10  # the trace is done, its session is not
+    (session,) = asm.due(8.0)
+    assert session.size == 10 and asm.bytes_buffered == 0
+
+
+def test_evictions_are_counted_by_reason():
+    intake_asm = Assembler(AssemblyLimits(idle_timeout_s=100.0, max_wait_s=5.0, max_traces=3))
+    for n in range(10):
+        intake_asm.add(ns(f"s{n}", "gone", trace=f"t{n}"), None, float(n) / 10)
+    assert intake_asm.evictions == {"max_traces": 7}
+    intake_asm.due(7.0)
+    assert intake_asm.evictions == {"max_traces": 7, "max_wait": 3}
+
+
+def test_intake_reports_new_evictions_once():
+    from otel_plumb.intake import Intake
+
+    intake = Intake(AssemblyLimits(max_traces=2))
+    for n in range(5):
+        intake.add(SpanRecord(f"{n:032x}", f"{n:016x}", "ffffffffffffffff", "x"), None, 0.0, size=1)
+    assert intake.new_evictions() == {"max_traces": 3}
+    assert intake.new_evictions() == {}
+    assert intake.bytes_buffered == 2
+
+
+def test_a_flood_from_one_service_evicts_its_own_traces_first():
+    asm = Assembler(AssemblyLimits(max_traces=10))
+    asm.add(svc("a1", "A", "ta"), None, 0.0)
+    evicted = []
+    for n in range(1000):
+        evicted += asm.add(svc(f"b{n}", "B", f"tb{n}"), None, 1.0)[1]
+    assert asm.in_flight("ta")
+    assert len(evicted) == 991 and all(f.key.startswith("tb") for f in evicted)
+    # Oldest first within the flooding service.
+    assert [f.key for f in evicted[:3]] == ["tb0", "tb1", "tb2"]
+    # Once B holds no more than A, the oldest goes, A's included.
+    asm2 = Assembler(AssemblyLimits(max_traces=2))
+    asm2.add(svc("a1", "A", "ta"), None, 0.0)
+    asm2.add(svc("b1", "B", "tb1"), None, 0.0)
+    assert [f.key for f in asm2.add(svc("b2", "B", "tb2"), None, 0.0)[1]] == ["ta"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.booleans()), min_size=1, max_size=80), st.integers(1, 6))
+def test_eviction_always_takes_from_a_service_holding_the_most(ops, max_traces):
+    asm = Assembler(AssemblyLimits(max_traces=max_traces, idle_timeout_s=0.0))
+    held: dict[str, list[str]] = {}  # service -> its traces in flight, oldest first
+    for n, (service_n, finish) in enumerate(ops):
+        service = f"s{service_n}"
+        if finish and any(held.values()):
+            # A trace decided normally (its root arrived and it went idle) leaves its service.
+            tid = next(t for ts in held.values() for t in ts)
+            asm.add(svc(f"root{n}", "x", tid, parent=None), None, float(n))
+            for f in asm.due(float(n) + 1):
+                for ts in held.values():
+                    if f.key in ts:
+                        ts.remove(f.key)
+            continue
+        most = max((len(ts) for ts in held.values()), default=0)
+        tid = f"t{n}"
+        _, evicted = asm.add(svc(f"x{n}", service, tid), None, float(n))
+        for f in evicted:
+            owner = next(s for s, ts in held.items() if f.key in ts)
+            assert len(held[owner]) == most and held[owner][0] == f.key
+            held[owner].remove(f.key)
+            most = max(len(ts) for ts in held.values())
+        held.setdefault(service, []).append(tid)
+        assert asm.traces_in_flight == sum(len(ts) for ts in held.values()) <= max_traces
+
+
+def test_an_evicted_trace_keeps_a_tombstone_its_late_spans_join():
+    asm = Assembler(AssemblyLimits(max_traces=1, decided_max_spans=10_000))
+    asm.add(svc("v1", "A", "tv", name="lookup", start=1), "payload", 0.0, size=1000)
+    asm.add(svc("v2", "A", "tv", kind="llm", name="chat", start=2), "payload", 0.0)
+    _, evicted = asm.add(svc("j1", "A", "tj"), None, 1.0)
+    assert [f.key for f in evicted] == ["tv"]
+    tomb = asm.tombstone("tv")
+    assert tomb is not None and tomb.reason == "max_traces"
+    assert [c.name for c in tomb.calls] == ["lookup"]  # calls only: no model call, no payload
+    assert tomb.calls[0].attributes == {"service.name": "A"}
+    late = svc("v3", "A", "tv", name="pay", start=3, error="declined")
+    assert asm.add(late, None, 2.0, 7)[0] is AddOutcome.LATE
+    assert [(c.name, c.error) for c in tomb.calls] == [("lookup", None), ("pay", "declined")]
+    assert asm.add(late, None, 2.0, 7)[0] is AddOutcome.DUPLICATE  # a resend is not a second call
+    t = tomb.trajectory("tv")
+    assert not t.complete and t.service == "A" and [s.name for s in t.tool_steps] == ["lookup", "pay"]
+    assert asm.tombstone("tj") is None  # in flight, not evicted
+
+
+def test_a_trace_decided_normally_has_no_tombstone_and_tombstones_are_bounded():
+    from otel_plumb.assemble.buffers import TOMBSTONE_MAX_CALLS
+
+    asm = Assembler(AssemblyLimits(idle_timeout_s=1.0, max_traces=1, decided_max_traces=3))
+    asm.add(ns("r", None, trace="t0"), None, 0.0)
+    asm.due(2.0)
+    assert asm.is_decided("t0") and asm.tombstone("t0") is None
+    for n in range(TOMBSTONE_MAX_CALLS + 5):
+        asm.add(svc(f"c{n}", "A", "big", start=n), None, 3.0)
+    asm.add(svc("x", "A", "other"), None, 3.0)
+    tomb = asm.tombstone("big")
+    assert tomb is not None and len(tomb.calls) == TOMBSTONE_MAX_CALLS and tomb.truncated
+    # Calls not kept: a failure needing an earlier call is no longer certain on it.
+    assert tomb.trajectory("big").incomplete_reason == "missing_parent"
+    for n in range(5):
+        asm.add(svc(f"y{n}", "A", f"more{n}"), None, 4.0)
+    assert asm.tombstone("big") is None  # forgotten with the decided traces' memory
+    remembered, spans = asm.decided_remembered
+    assert remembered == 3 and spans == 6  # per evicted trace: its span id and the call its tombstone keeps

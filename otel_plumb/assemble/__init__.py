@@ -5,7 +5,7 @@ trace is complete; ``trajectory`` orders the spans of one group into steps. Both
 the caller supplies the clock, so replay and the live processor share them.
 """
 
-from otel_plumb.assemble.buffers import AddOutcome, Assembler, AssemblyLimits, Finished
+from otel_plumb.assemble.buffers import AddOutcome, Assembler, AssemblyLimits, Finished, Tombstone
 from otel_plumb.assemble.trajectory import build_trajectory
 
-__all__ = ["AddOutcome", "Assembler", "AssemblyLimits", "Finished", "build_trajectory"]
+__all__ = ["AddOutcome", "Assembler", "AssemblyLimits", "Finished", "Tombstone", "build_trajectory"]

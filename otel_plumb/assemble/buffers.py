@@ -2,7 +2,15 @@
 
 The caller passes ``now`` (seconds, any monotonic clock): replay drains at end of input, the
 live processor calls ``due`` on a timer. Payloads are opaque to this module; the live
-processor stores the original OTLP spans there so it can forward them unchanged.
+processor stores the original OTLP spans there so it can forward them unchanged, and says how
+many bytes each one holds (``size``), so that memory can be bounded in bytes as well as spans.
+
+A trace let go before it completed (evicted at ``max_traces``, or at ``max_wait``) is counted
+per reason (``evictions``) and keeps a *tombstone* among the decided traces: its tool and agent
+calls, names and outcomes only, so that spans of it arriving later can still be checked for the
+failures they alone can prove (a forbidden call, one call too many). Eviction is fair between
+services: the trace let go is the oldest of the service holding the most traces, so one
+service's flood evicts its own traces, not another's.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from otel_plumb.assemble.trajectory import build_trajectory
-from otel_plumb.model.trajectory import NormalisedSpan, Trajectory
+from otel_plumb.model.trajectory import MISSING_PARENT, NormalisedSpan, Trajectory
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +38,16 @@ class AssemblyLimits:
     decided_ttl_s: float = 300.0
     decided_max_traces: int = 100_000
     decided_max_spans: int = 1_000_000
+
+
+# Calls a tombstone keeps; past this it says so, and checks that need every earlier call (an
+# earlier call may be among those not kept) are no longer certain on it.
+TOMBSTONE_MAX_CALLS = 256
+# Span kinds a tombstone keeps: what the checks that can fail on part of a trace read.
+_TOMBSTONE_KINDS = frozenset({"tool", "agent"})
+# Evictions, by reason.
+EVICTED_MAX_TRACES = "max_traces"
+EVICTED_MAX_WAIT = "max_wait"
 
 
 class AddOutcome(enum.Enum):
@@ -60,6 +78,8 @@ class Finished:
     decided_at: float
     session_id: str | None = None
     trace_ids: list[str] = field(default_factory=list)
+    # Bytes its payloads and spans hold (the sizes given to ``Assembler.add``).
+    size: int = 0
 
     def trajectory(self) -> Trajectory:
         return build_trajectory(
@@ -73,12 +93,14 @@ class Finished:
 
 class _TraceBuffer:
     __slots__ = (
-        "fingerprints", "first_seen", "has_root", "last_seen", "over_limit", "payloads", "session_id", "spans",
-        "trace_id",
+        "fingerprints", "first_seen", "has_root", "last_seen", "over_limit", "payloads", "service", "session_id",
+        "size", "spans", "trace_id",
     )  # fmt: skip
 
-    def __init__(self, trace_id: str, now: float) -> None:
+    def __init__(self, trace_id: str, now: float, service: str) -> None:
         self.trace_id = trace_id
+        self.service = service
+        self.size = 0
         self.spans: list[NormalisedSpan] = []
         self.payloads: list[object] = []
         # Every span id taken for this trace (over the limit too), with its content fingerprint.
@@ -95,12 +117,58 @@ class _TraceBuffer:
         return sum(1 for s in self.spans if s.parent_span_id not in ids) == 1
 
 
-class _DecidedTrace:
-    __slots__ = ("at", "fingerprints")
+class Tombstone:
+    """What is remembered of a trace let go before it completed: its tool and agent calls
+    (names, outcomes, times and parents; no arguments, results or payloads), at most
+    ``TOMBSTONE_MAX_CALLS``, with the calls of its spans that arrived later, and the failures
+    already reported for it (``reported``: (policy, invariant) pairs, filled by the caller), so
+    that a later span is checked against what came before and each failure is reported once."""
 
-    def __init__(self, at: float, fingerprints: dict[str, int]) -> None:
+    __slots__ = ("calls", "reason", "reported", "truncated")
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        self.calls: list[NormalisedSpan] = []
+        self.truncated = False
+        self.reported: set[tuple[str, str]] = set()
+
+    def keep(self, span: NormalisedSpan) -> None:
+        """Remember ``span`` if it is a call."""
+        if span.kind not in _TOMBSTONE_KINDS:
+            return
+        if len(self.calls) >= TOMBSTONE_MAX_CALLS:
+            self.truncated = True
+            return
+        self.calls.append(
+            NormalisedSpan(
+                trace_id=span.trace_id, span_id=span.span_id, parent_span_id=span.parent_span_id,
+                span_name=span.span_name, start_ns=span.start_ns, end_ns=span.end_ns, kind=span.kind,
+                name=span.name, convention=span.convention, error=span.error, agent=span.agent,
+                tool_call_id=span.tool_call_id, session_id=span.session_id,
+                # Who the trace belongs to (service, task key), as a trajectory reads it: once.
+                attributes=dict(span.attributes) if not self.calls else {},
+            )
+        )  # fmt: skip
+
+    def trajectory(self, key: str) -> Trajectory:
+        """A partial trajectory of the calls kept, for the checks that can fail on part of a
+        trace. When calls were not kept, a failure that needs an earlier call is not certain."""
+        reason = MISSING_PARENT if self.truncated else self.reason
+        return build_trajectory(key, self.calls, complete=False, incomplete_reason=reason)
+
+
+class _DecidedTrace:
+    __slots__ = ("at", "fingerprints", "tombstone")
+
+    def __init__(self, at: float, fingerprints: dict[str, int], tombstone: Tombstone | None = None) -> None:
         self.at = at
         self.fingerprints = fingerprints
+        self.tombstone = tombstone
+
+    @property
+    def weight(self) -> int:
+        """Entries held: span ids, and the calls of a tombstone."""
+        return len(self.fingerprints) + (len(self.tombstone.calls) if self.tombstone is not None else 0)
 
 
 class _SessionBuffer:
@@ -111,6 +179,54 @@ class _SessionBuffer:
         self.last_seen = now
 
 
+class _Services:
+    """Traces in flight per service, oldest first, and which services hold the most: the one to
+    evict from is found in constant time, however many services there are."""
+
+    __slots__ = ("_buckets", "_max", "traces")
+
+    def __init__(self) -> None:
+        self.traces: dict[str, OrderedDict[str, None]] = {}
+        # Services by how many traces they hold (each bucket in the order services entered it).
+        self._buckets: dict[int, dict[str, None]] = {}
+        self._max = 0
+
+    def _move(self, service: str, old: int, new: int) -> None:
+        if old:
+            bucket = self._buckets[old]
+            del bucket[service]
+            if not bucket:
+                del self._buckets[old]
+                if self._max == old and new < old:
+                    self._max = new
+        if new:
+            self._buckets.setdefault(new, {})[service] = None
+            self._max = max(self._max, new)
+
+    def add(self, service: str, trace_id: str) -> None:
+        traces = self.traces.get(service)
+        if traces is None:
+            traces = self.traces[service] = OrderedDict()
+        traces[trace_id] = None
+        self._move(service, len(traces) - 1, len(traces))
+
+    def remove(self, service: str, trace_id: str) -> None:
+        traces = self.traces[service]
+        del traces[trace_id]
+        self._move(service, len(traces) + 1, len(traces))
+        if not traces:
+            del self.traces[service]
+
+    def holds_most(self, service: str) -> bool:
+        traces = self.traces.get(service)
+        return traces is not None and len(traces) == self._max
+
+    def oldest_of_largest(self) -> str:
+        """The oldest trace of a service holding the most traces."""
+        service = next(iter(self._buckets[self._max]))
+        return next(iter(self.traces[service]))
+
+
 class Assembler:
     def __init__(self, limits: AssemblyLimits | None = None) -> None:
         self.limits = limits or AssemblyLimits()
@@ -119,7 +235,12 @@ class Assembler:
         self._decided: OrderedDict[str, _DecidedTrace] = OrderedDict()  # oldest decision first
         self._decided_spans = 0
         self._sessions: dict[str, _SessionBuffer] = {}
+        self._services = _Services()
         self.spans_buffered = 0
+        # Bytes held by buffered spans (trace buffers and sessions not yet let go).
+        self.bytes_buffered = 0
+        # Traces let go before they completed, by reason (EVICTED_*): counts since the start.
+        self.evictions: dict[str, int] = {}
 
     @property
     def traces_in_flight(self) -> int:
@@ -139,6 +260,11 @@ class Assembler:
     def decided_remembered(self) -> tuple[int, int]:
         """Decided traces, and their spans, remembered for telling duplicates from new spans."""
         return len(self._decided), self._decided_spans
+
+    def tombstone(self, trace_id: str) -> Tombstone | None:
+        """The tombstone of a trace let go before it completed, while it is remembered."""
+        decided = self._decided.get(trace_id)
+        return decided.tombstone if decided is not None else None
 
     def has_span(self, trace_id: str, span_id: str) -> bool:
         """Was a span with these ids taken (in flight, or of a decided trace remembered)?"""
@@ -166,22 +292,33 @@ class Assembler:
         return AddOutcome.DUPLICATE if known == fingerprint else AddOutcome.CONFLICTING_DUPLICATE
 
     def add(
-        self, span: NormalisedSpan, payload: object, now: float, fingerprint: int = 0
+        self, span: NormalisedSpan, payload: object, now: float, fingerprint: int = 0, size: int = 0
     ) -> tuple[AddOutcome, list[Finished]]:
         """Buffer one span. Returns what happened to it and any trace evicted to make room.
-        ``fingerprint`` tells a resent copy of the span from another span with the same ids."""
+        ``fingerprint`` tells a resent copy of the span from another span with the same ids;
+        ``size``: the bytes it holds (its payload and values), counted until its trace is let go.
+        A late span of a trace that has a tombstone is remembered by it (and its ids, so that a
+        resend of it is a duplicate)."""
         tid = span.trace_id
         already = self.seen(tid, span.span_id, fingerprint)
         if already is not None:
+            if already is AddOutcome.LATE:
+                decided = self._decided[tid]
+                if decided.tombstone is not None:
+                    before = decided.weight
+                    decided.fingerprints[span.span_id] = fingerprint
+                    decided.tombstone.keep(span)
+                    self._decided_spans += decided.weight - before
             return already, []
         evicted: list[Finished] = []
         buf = self._traces.get(tid)
         if buf is None:
             while len(self._traces) >= self.limits.max_traces:
-                oldest = next(iter(self._traces))
-                evicted.extend(self._finish(oldest, now, complete=False, reason="evicted"))
-            buf = self._traces[tid] = _TraceBuffer(tid, now)
+                evicted.extend(self._evict(now))
+            service = span.attributes.get("service.name")
+            buf = self._traces[tid] = _TraceBuffer(tid, now, "" if service is None else str(service))
             self._by_activity[tid] = None  # a new trace: last in activity order already
+            self._services.add(buf.service, tid)
         else:
             buf.last_seen = now
             self._by_activity.move_to_end(tid)
@@ -191,6 +328,8 @@ class Assembler:
             return AddOutcome.OVER_LIMIT, evicted
         buf.spans.append(span)
         buf.payloads.append(payload)
+        buf.size += size
+        self.bytes_buffered += size
         self.spans_buffered += 1
         if span.parent_span_id is None:
             buf.has_root = True
@@ -219,7 +358,7 @@ class Assembler:
                 break
             expired.append(tid)
         for tid in expired:
-            out.extend(self._finish(tid, now, complete=False, reason="max_wait"))
+            out.extend(self._finish(tid, now, complete=False, reason="max_wait", evicted=EVICTED_MAX_WAIT))
         out.extend(self._due_sessions(now))
         self._forget_decided(now)
         return out
@@ -234,12 +373,30 @@ class Assembler:
             out.append(self._emit_session(key, now))
         return out
 
-    def _finish(self, tid: str, now: float, *, complete: bool, reason: str) -> list[Finished]:
+    def _evict(self, now: float) -> list[Finished]:
+        """Let go of one trace to make room: the oldest of the service holding the most traces
+        (the oldest of all when its service is one of those)."""
+        oldest = next(iter(self._traces))
+        services = self._services
+        tid = oldest if services.holds_most(self._traces[oldest].service) else services.oldest_of_largest()
+        return self._finish(tid, now, complete=False, reason="evicted", evicted=EVICTED_MAX_TRACES)
+
+    def _finish(
+        self, tid: str, now: float, *, complete: bool, reason: str, evicted: str | None = None
+    ) -> list[Finished]:
         buf = self._traces.pop(tid)
         del self._by_activity[tid]
+        self._services.remove(buf.service, tid)
         self.spans_buffered -= len(buf.spans)
-        self._decided[tid] = _DecidedTrace(now, buf.fingerprints)
-        self._decided_spans += len(buf.fingerprints)
+        tombstone: Tombstone | None = None
+        if evicted is not None:
+            self.evictions[evicted] = self.evictions.get(evicted, 0) + 1
+            tombstone = Tombstone(evicted)
+            for span in buf.spans:
+                tombstone.keep(span)
+            tombstone.truncated = tombstone.truncated or buf.over_limit
+        entry = self._decided[tid] = _DecidedTrace(now, buf.fingerprints, tombstone)
+        self._decided_spans += entry.weight
         self._forget_decided(now)
         done = Finished(
             key=tid,
@@ -251,6 +408,7 @@ class Assembler:
             decided_at=now,
             session_id=buf.session_id,
             trace_ids=[tid],
+            size=buf.size,
         )
         if self.limits.group_by == "session" and buf.session_id:
             session = self._sessions.get(buf.session_id)
@@ -258,7 +416,8 @@ class Assembler:
                 session = self._sessions[buf.session_id] = _SessionBuffer(now)
             session.parts.append(done)
             session.last_seen = now
-            return []
+            return []  # its bytes stay held until the session is let go
+        self.bytes_buffered -= buf.size
         return [done]
 
     def _forget_decided(self, now: float) -> None:
@@ -274,7 +433,7 @@ class Assembler:
             ):
                 return
             decided.popitem(last=False)
-            self._decided_spans -= len(oldest.fingerprints)
+            self._decided_spans -= oldest.weight
 
     def _due_sessions(self, now: float) -> list[Finished]:
         timeout = self.limits.session_idle_timeout_s
@@ -286,6 +445,8 @@ class Assembler:
     def _emit_session(self, key: str, now: float) -> Finished:
         parts = self._sessions.pop(key).parts
         incomplete = [p for p in parts if not p.complete]
+        size = sum(p.size for p in parts)
+        self.bytes_buffered -= size
         return Finished(
             key=key,
             spans=[s for p in parts for s in p.spans],
@@ -296,4 +457,5 @@ class Assembler:
             decided_at=now,
             session_id=key,
             trace_ids=[t for p in parts for t in p.trace_ids],
+            size=size,
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from otel_plumb.assemble import AddOutcome, Assembler, AssemblyLimits, Finished
+from otel_plumb.assemble import AddOutcome, Assembler, AssemblyLimits, Finished, Tombstone
 from otel_plumb.model import NormalisedSpan, SpanRecord, Trajectory
 from otel_plumb.model.trajectory import UNREADABLE_INPUT, UNREADABLE_SPAN
 from otel_plumb.normalise import normalise
@@ -76,6 +76,7 @@ class Intake:
         self.counts = IntakeCounts()
         self._marks: OrderedDict[str, _Marks] = OrderedDict()
         self._ready: list[Finished] = []  # evicted to make room, not yet handed back
+        self._evictions_reported: dict[str, int] = {}
 
     @property
     def traces_in_flight(self) -> int:
@@ -85,11 +86,32 @@ class Intake:
     def spans_buffered(self) -> int:
         return self.assembler.spans_buffered
 
+    @property
+    def bytes_buffered(self) -> int:
+        """Bytes held by buffered spans, as the sizes given to ``add`` say."""
+        return self.assembler.bytes_buffered
+
+    def new_evictions(self) -> dict[str, int]:
+        """Traces let go before they completed since the last call, by reason (``max_traces``,
+        ``max_wait``); reasons with none are left out."""
+        out: dict[str, int] = {}
+        for reason, total in self.assembler.evictions.items():
+            n = total - self._evictions_reported.get(reason, 0)
+            if n:
+                out[reason] = n
+                self._evictions_reported[reason] = total
+        return out
+
+    def tombstone(self, trace_id: str) -> Tombstone | None:
+        """What is kept of a trace let go before it completed (see ``assemble.Tombstone``)."""
+        return self.assembler.tombstone(trace_id)
+
     def add(
-        self, record: SpanRecord, payload: object, now: float, source: Source | None = None
+        self, record: SpanRecord, payload: object, now: float, source: Source | None = None, size: int = 0
     ) -> tuple[AddOutcome, NormalisedSpan | None]:
         """Take one span: returns what happened to it, and the normalised span when it was taken
-        (ACCEPTED) or is a late span of a decided trace (LATE) or over the trace's span limit."""
+        (ACCEPTED) or is a late span of a decided trace (LATE) or over the trace's span limit.
+        ``size``: the bytes the span and its payload hold while buffered (see ``bytes_buffered``)."""
         tid = record.trace_id
         if source is not None:
             source.trace_ids.add(tid)
@@ -109,7 +131,7 @@ class Intake:
             self.counts.unreadable += 1
             self._mark(tid, UNREADABLE_SPAN, f"span {record.span_id} ({record.name!r}) could not be read: {exc}")
             return AddOutcome.UNREADABLE, None
-        outcome, evicted = self.assembler.add(span, payload, now, fp)
+        outcome, evicted = self.assembler.add(span, payload, now, fp, size)
         self.counts.count(outcome)
         if evicted:
             self._ready.extend(evicted)

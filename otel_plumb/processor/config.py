@@ -37,6 +37,22 @@ def _duration(value: Any) -> Any:
 
 Seconds = Annotated[float, BeforeValidator(_duration), Field(ge=0)]
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
+_SIZE_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+
+
+def _size(value: Any) -> Any:
+    """Bytes as a number, or a string such as ``512KiB``, ``256MiB``, ``1GiB``."""
+    if isinstance(value, str):
+        m = _SIZE.match(value)
+        if m is None:
+            raise ValueError(f"not a size: {value!r} (use e.g. 512KiB, 256MiB, 1GiB)")
+        return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+    return value
+
+
+Bytes = Annotated[int, BeforeValidator(_size), Field(ge=1)]
+
 
 def parse_hostport(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
@@ -106,6 +122,9 @@ class AssemblyConfig(_Model):
     decided_ttl: Seconds = 300.0
     decided_max_traces: int = Field(default=100_000, ge=1)
     decided_max_spans: int = Field(default=1_000_000, ge=1)
+    # Memory limiter: past this estimate of the bytes held by buffered spans, new requests are
+    # refused as retryable (RESOURCE_EXHAUSTED with RetryInfo, HTTP 429 with Retry-After).
+    max_buffered_bytes: Bytes = 256 << 20
 
 
 class RetryConfig(_Model):
