@@ -147,6 +147,8 @@ class OtlpExporter:
         self._loaded_upto = 0
         # Spans accepted (on disk) and not yet acknowledged by the backend.
         self.queued_spans = 0
+        # Bytes of the queued requests (on disk): bounded by queue.max_bytes like spans by max_spans.
+        self.queued_bytes = 0
         # Spans accepted but not yet on disk: the caller holds them while storage is failing.
         self.held_spans = 0
         self._wake = asyncio.Event()
@@ -168,7 +170,8 @@ class OtlpExporter:
 
     @property
     def full(self) -> bool:
-        return self.queued_spans + self.held_spans >= self.config.queue.max_spans
+        q = self.config.queue
+        return self.queued_spans + self.held_spans >= q.max_spans or self.queued_bytes >= q.max_bytes
 
     async def start(self) -> None:
         self._state_dir.mkdir(parents=True, exist_ok=True)
@@ -179,7 +182,7 @@ class OtlpExporter:
             self._lock_file.close()
             self._lock_file = None
             raise StateDirInUse(f"state directory {self._state_dir} is used by another otel-plumb process") from exc
-        first, batches, spans = await self._queue.open()
+        first, batches, spans, size = await self._queue.open()
         if self._queue.moved_aside is not None:
             aside, why = self._queue.moved_aside
             self._metrics.queue_resets.inc()
@@ -190,6 +193,7 @@ class OtlpExporter:
             )  # fmt: skip
         self._loaded_upto = first - 1
         self.queued_spans = spans
+        self.queued_bytes = size
         self._update_gauge()
         if batches:
             log.info("export queue: %d spans in %d batches waiting from a previous run", spans, batches)
@@ -263,6 +267,7 @@ class OtlpExporter:
             raise self._storage_failed("queue", exc) from exc
         for batch_id, (body, spans) in zip(ids, bounded, strict=True):
             self.queued_spans += spans
+            self.queued_bytes += len(body)
             # Kept in memory only when every earlier batch is there too, so that the loader can
             # find the rest on disk in id order.
             if batch_id == self._loaded_upto + 1 and self._mem_spans + spans <= q.memory_spans:
@@ -417,6 +422,7 @@ class OtlpExporter:
         if sent:
             labels(self.name, "sent").inc(sent)
         self.queued_spans -= batch.spans
+        self.queued_bytes -= len(batch.body)
         self._update_gauge()
         # Acknowledged: a failed delete only means it may be sent again after a restart.
         ids = [*self._undeleted, batch.batch_id]

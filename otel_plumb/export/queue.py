@@ -49,7 +49,7 @@ class DiskQueue:
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def _open(self) -> tuple[int, int, int]:
+    def _open(self) -> tuple[int, int, int, int]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             return self._connect()
@@ -68,7 +68,7 @@ class DiskQueue:
             self.moved_aside = (aside, str(exc))
             return self._connect()
 
-    def _connect(self) -> tuple[int, int, int]:
+    def _connect(self) -> tuple[int, int, int, int]:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db = db
         db.execute("PRAGMA journal_mode=WAL")
@@ -89,15 +89,18 @@ class DiskQueue:
         problem = db.execute("PRAGMA quick_check").fetchone()[0]
         if problem != "ok":
             raise sqlite3.DatabaseError(f"database disk image is malformed: {problem}")
-        first, count, spans = db.execute("SELECT MIN(id), COUNT(*), COALESCE(SUM(spans), 0) FROM batches").fetchone()
+        first, count, spans, size = db.execute(
+            "SELECT MIN(id), COUNT(*), COALESCE(SUM(spans), 0), COALESCE(SUM(LENGTH(body)), 0) FROM batches"
+        ).fetchone()
         if first is None:
             row = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'batches'").fetchone()
             first = (row[0] if row else 0) + 1
-        return int(first), int(count), int(spans)
+        return int(first), int(count), int(spans), int(size)
 
-    async def open(self) -> tuple[int, int, int]:
-        """Opens the file; returns (first id not yet acknowledged, batches waiting, spans waiting)."""
-        result: tuple[int, int, int] = await self._run(self._open)
+    async def open(self) -> tuple[int, int, int, int]:
+        """Opens the file; returns (first id not yet acknowledged, batches waiting, spans waiting,
+        bytes waiting)."""
+        result: tuple[int, int, int, int] = await self._run(self._open)
         return result
 
     def _put(

@@ -143,6 +143,8 @@ class QueueConfig(_Model):
     memory_spans: int = Field(default=50_000, ge=1)
     # Spans accepted for export (memory + disk) before receivers start throttling.
     max_spans: int = Field(default=1_000_000, ge=1)
+    # Bytes of queued requests on disk before receivers start throttling.
+    max_bytes: Bytes = 1 << 30
     # Spans per outgoing request.
     batch_spans: int = Field(default=2_048, ge=1)
     # Bytes per outgoing request (a lone bigger span goes alone): below the 4 MiB a Collector
