@@ -135,16 +135,18 @@ async def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -
 
 
 def start_cli(
-    args: list[str], env: dict[str, str] | None = None
+    args: list[str], env: dict[str, str] | None = None, preexec_fn: Callable[[], None] | None = None
 ) -> tuple[subprocess.Popen[str], dict[str, int], list[str]]:
     """``otel-plumb run ARGS`` in a subprocess; returns it once listening, with its ports and
-    its log lines (read on a thread for the process's life, so the pipe never fills)."""
+    its log lines (read on a thread for the process's life, so the pipe never fills).
+    ``preexec_fn`` runs in the child before it starts (e.g. to lower its resource limits)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "otel_plumb", "run", *args],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
         env={**os.environ, **(env or {})},
+        preexec_fn=preexec_fn,
     )
     lines: list[str] = []
     ports: dict[str, int] = {}
@@ -162,5 +164,6 @@ def start_cli(
     threading.Thread(target=read, daemon=True).start()
     if not listening.wait(20) or not ports:
         proc.kill()
+        proc.wait()
         raise AssertionError("otel-plumb run did not start:\n" + "".join(lines))
     return proc, ports, lines

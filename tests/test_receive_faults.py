@@ -15,11 +15,8 @@ import gzip
 import json
 import logging
 import os
-import re
 import resource
 import subprocess
-import sys
-import threading
 import time
 import zlib
 from collections.abc import AsyncIterator
@@ -35,7 +32,7 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 from test_live_backpressure import trace_request
-from test_live_support import config, metric, scrape, wait_until
+from test_live_support import config, metric, scrape, start_cli, wait_until
 
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.processor import Processor
@@ -165,32 +162,7 @@ def start_run(
         if nofile is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "otel_plumb", "run", "--config", str(path)],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        preexec_fn=limit,
-    )
-    lines: list[str] = []
-    ports: dict[str, int] = {}
-    listening = threading.Event()
-
-    def read() -> None:
-        for line in proc.stderr or ():
-            lines.append(line)
-            m = re.search(r"otlp grpc [\d.]+:(\d+), otlp http [\d.]+:(\d+), metrics [\d.]+:(\d+)", line)
-            if m:
-                ports.update(grpc=int(m.group(1)), http=int(m.group(2)), metrics=int(m.group(3)))
-                listening.set()
-        listening.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not listening.wait(20) or not ports:
-        proc.kill()
-        proc.wait()
-        raise AssertionError("otel-plumb run did not start:\n" + "".join(lines))
-    return proc, ports, lines
+    return start_cli(["--config", str(path)], preexec_fn=limit)
 
 
 def stop_run(proc: subprocess.Popen[str]) -> None:
