@@ -171,9 +171,11 @@ class WatchSource(TraceSource):
     """Decided trajectories from a running otel-plumb's VerdictService.Watch stream. The agent
     exports to that processor itself; the campaign re-checks each trajectory with its own policies."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, token: str | None = None) -> None:
         super().__init__()
         self.target = target.removeprefix("grpc://")
+        # Sent as ``authorization: Bearer <token>`` when the processor's gRPC receiver has auth.
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._channel: Any = None
         self._task: asyncio.Task[None] | None = None
         self.error: str | None = None
@@ -186,7 +188,7 @@ class WatchSource(TraceSource):
 
         self._channel = grpc.aio.insecure_channel(self.target)
         stub: Any = watch_pb2_grpc.VerdictServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        call = stub.Watch(watch_pb2.WatchRequest())
+        call = stub.Watch(watch_pb2.WatchRequest(), metadata=self._metadata)
         # The server sends initial metadata once the subscription is in place.
         await asyncio.wait_for(call.initial_metadata(), 10)
 

@@ -60,6 +60,8 @@ class Traces(_Model):
     receiver: Literal["embedded"] | None = None
     watch: str | None = Field(default=None, pattern=r"^grpc://[^/]+:\d+$")
     files: list[str] | None = None
+    # With watch: the processor's bearer token, usually ${env:NAME} (expanded when the campaign runs).
+    token: str | None = Field(default=None, min_length=1, repr=False)
     # How long after the agent answered its trajectory may take to arrive.
     deadline_s: float = Field(default=10.0, gt=0)
 
@@ -67,6 +69,8 @@ class Traces(_Model):
     def _one_source(self) -> Traces:
         if sum(x is not None for x in (self.receiver, self.watch, self.files)) != 1:
             raise ValueError("traces is exactly one of receiver: embedded, watch: grpc://host:port, files: [...]")
+        if self.token is not None and self.watch is None:
+            raise ValueError("traces.token goes with traces.watch")
         return self
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from otel_plumb import yamlfile
 from otel_plumb.campaign.analysis import arg_key, state_key
 from otel_plumb.campaign.collect import (
     EmbeddedReceiver,
@@ -86,7 +87,13 @@ def make_source(campaign: LoadedCampaign) -> TraceSource:
     if traces.receiver == "embedded":
         return EmbeddedReceiver()
     if traces.watch is not None:
-        return WatchSource(traces.watch)
+        token = None
+        if traces.token is not None:
+            try:
+                token = yamlfile.expand_env(traces.token, str(campaign.path), None)
+            except yamlfile.YamlError as e:
+                raise CampaignError(campaign.path, None, f"traces.token: {e.message}") from None
+        return WatchSource(traces.watch, token)
     assert traces.files is not None
     return FileSource([str(campaign.resolve(p)) for p in traces.files])
 

@@ -70,6 +70,7 @@ def run(
 
 async def _serve(config: ProcessorConfig, policies: list[CompiledPolicy]) -> int:
     from otel_plumb.export.otlp import StateDirInUse
+    from otel_plumb.processor.config import ConfigError
     from otel_plumb.processor.core import Processor
 
     processor = Processor(config, policies)
@@ -79,7 +80,7 @@ async def _serve(config: ProcessorConfig, policies: list[CompiledPolicy]) -> int
         loop.add_signal_handler(sig, stop.set)
     try:
         await processor.start()
-    except (OSError, StateDirInUse) as exc:
+    except (OSError, StateDirInUse, ConfigError) as exc:
         await processor.stop(0)
         raise RunError(str(exc)) from exc
     await stop.wait()

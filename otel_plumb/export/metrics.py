@@ -121,6 +121,14 @@ class Metrics:
         self.queue_resets = Counter(
             "plumb_queue_reset", "Corrupt queue files moved aside for a fresh queue.", registry=r
         )
+        # Not in the fixed SPEC set: refused attempts on authenticated listeners, and spans by
+        # the tenant of the token they came with (receive.auth).
+        self.auth_failures = counter(
+            "plumb_auth_failures", "Requests refused for a missing or invalid bearer token.", ["listener", "reason"]
+        )
+        self.tenant_spans_received = counter(
+            "plumb_tenant_spans_received", "Spans accepted with a token of this tenant.", ["tenant"]
+        )
         self._pending: dict[tuple[_Capped[Counter], tuple[str | None, ...]], list[Any]] = {}
         for reason in ("malformed", "export_rejected"):
             self.spans_dropped.labels(reason)
@@ -175,7 +183,7 @@ class Metrics:
         return encoder(self.registry), content_type
 
 
-def metrics_app(metrics: Metrics, ready: Callable[[], bool]) -> web.Application:
+def metrics_app(metrics: Metrics, ready: Callable[[], bool], middlewares: Sequence[Any] = ()) -> web.Application:
     async def scrape(request: web.Request) -> web.Response:
         body, content_type = metrics.render(request.headers.get("Accept", ""))
         return web.Response(body=body, headers={"Content-Type": content_type})
@@ -188,7 +196,7 @@ def metrics_app(metrics: Metrics, ready: Callable[[], bool]) -> web.Application:
             return web.Response(text="ready\n")
         return web.Response(status=503, text="not ready\n")
 
-    app = web.Application()
+    app = web.Application(middlewares=list(middlewares))
     app.router.add_get("/metrics", scrape)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

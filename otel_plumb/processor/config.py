@@ -8,6 +8,7 @@ names the file, the line and the key.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from otel_plumb import yamlfile
+from otel_plumb.receive.auth import AuthConfig
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -83,6 +85,10 @@ class GrpcReceiverConfig(_Model):
     max_connections: int = Field(default=1024, ge=1)
     # Calls in flight per connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
     max_concurrent_streams: int = Field(default=100, ge=1)
+    # Bearer tokens required on every call, OTLP Export and Watch alike (receive.auth).
+    auth: AuthConfig | None = None
+    # Allow a non-loopback endpoint without TLS and without auth.
+    insecure: bool = False
 
 
 class HttpReceiverConfig(_Model):
@@ -94,6 +100,10 @@ class HttpReceiverConfig(_Model):
     # Connections open at once; at the cap a new one closes the longest idle, or is answered
     # 503 when all are busy. Lowered at start when the open-file limit cannot hold them all.
     max_connections: int = Field(default=1024, ge=1)
+    # Bearer tokens required on every request (receive.auth).
+    auth: AuthConfig | None = None
+    # Allow a non-loopback endpoint without TLS and without auth.
+    insecure: bool = False
 
 
 class ReceiversConfig(_Model):
@@ -196,6 +206,10 @@ class MetricsConfig(_Model):
     endpoint: str = "127.0.0.1:9464"
     # Distinct values kept per label before new ones are folded into "__overflow__".
     max_label_values: int = Field(default=200, ge=1)
+    # Bearer tokens required for /metrics (and /healthz, /readyz with auth.protect_health).
+    auth: AuthConfig | None = None
+    # Allow a non-loopback endpoint without TLS and without auth.
+    insecure: bool = False
 
     @field_validator("endpoint")
     @classmethod
@@ -227,6 +241,39 @@ class ProcessorConfig(_Model):
     verdict_log: VerdictLogConfig = VerdictLogConfig()
     logging: LoggingConfig = LoggingConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def exposure_errors(config: ProcessorConfig) -> list[str]:
+    """Listeners that would accept anyone on the network: a non-loopback endpoint with neither
+    TLS nor auth, and no ``insecure: true``. The processor refuses to start with any."""
+    receivers = config.receivers
+    listeners: list[tuple[str, str, bool, Any]] = [
+        ("receivers.grpc", "OTLP/gRPC and Watch", receivers.grpc.enabled, receivers.grpc),
+        ("receivers.http", "OTLP/HTTP", receivers.http.enabled, receivers.http),
+        ("metrics", "metrics", bool(config.metrics.endpoint), config.metrics),
+    ]
+    errors = []
+    for key, what, enabled, listener in listeners:
+        if not enabled or listener.insecure or listener.auth is not None or getattr(listener, "tls", None) is not None:
+            continue
+        host, _port = parse_hostport(listener.endpoint)
+        if not is_loopback(host):
+            errors.append(
+                f"{key} ({what}) would listen on {listener.endpoint}, beyond this host, with neither "
+                f"TLS nor auth: set {key}.tls or {key}.auth, bind a loopback address, or set "
+                f"{key}.insecure: true to allow it"
+            )
+    return errors
 
 
 def substitute_env(value: str, where: str = "<config>") -> str:

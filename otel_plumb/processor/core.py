@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import grpc
 from aiohttp import web
@@ -32,7 +33,7 @@ from otel_plumb.export.otlp import OtlpExporter, StorageError
 from otel_plumb.export.verdict_log import VerdictLog
 from otel_plumb.intake import Intake, Source
 from otel_plumb.model import Decided, Trajectory, Verdict
-from otel_plumb.processor.config import ProcessorConfig, parse_hostport
+from otel_plumb.processor.config import ConfigError, ProcessorConfig, exposure_errors, parse_hostport
 from otel_plumb.processor.consumers import (
     CallbackConsumer,
     DecidedCallback,
@@ -44,7 +45,7 @@ from otel_plumb.processor.consumers import (
     VerdictLogConsumer,
 )
 from otel_plumb.ratelimit import RateLimitedLog
-from otel_plumb.receive import connections, grpc_server, http_server
+from otel_plumb.receive import auth, connections, grpc_server, http_server
 from otel_plumb.receive.otlp import attributes, span_record
 from otel_plumb.receive.sink import IngestResult, Throttled
 from otel_plumb.watch import VerdictHub
@@ -153,6 +154,10 @@ class Processor:
 
     async def start(self) -> None:
         cfg = self.config
+        # Before anything binds: no listener open to the network without TLS or auth, unless asked.
+        exposed = exposure_errors(cfg)
+        if exposed:
+            raise ConfigError("refusing to start: " + "\n".join(exposed))
         max_bytes = int(cfg.receivers.max_message_mib * 1024 * 1024)
         if self.exporter is not None:
             await self.exporter.start()
@@ -168,6 +173,7 @@ class Processor:
         if cfg.receivers.grpc.enabled:
             self._grpc = grpc_server.create_server(
                 max_bytes,
+                self._grpc_interceptors(),
                 idle_timeout=receivers.grpc.idle_timeout,
                 max_connections=caps["grpc"],
                 max_concurrent_streams=receivers.grpc.max_concurrent_streams,
@@ -186,7 +192,12 @@ class Processor:
             await self._grpc.start()
         if cfg.receivers.http.enabled:
             self.http_port = await self._serve(
-                http_server.traces_app(self, max_bytes, body_timeout=receivers.http.idle_timeout),
+                http_server.traces_app(
+                    self,
+                    max_bytes,
+                    body_timeout=receivers.http.idle_timeout,
+                    middlewares=self._http_middlewares(receivers.http.auth, "http"),
+                ),
                 cfg.receivers.http.endpoint,
                 "OTLP/HTTP",
                 caps["http"],
@@ -195,7 +206,7 @@ class Processor:
             )
         if cfg.metrics.endpoint:
             self.metrics_port = await self._serve(
-                metrics_app(self.metrics, lambda: self.ready),
+                metrics_app(self.metrics, lambda: self.ready, self._metrics_middlewares()),
                 cfg.metrics.endpoint,
                 "metrics",
                 caps["metrics"],
@@ -211,6 +222,28 @@ class Processor:
             len(self.policies),
             cfg.exporters.otlp.endpoint if cfg.exporters.otlp else "none",
         )
+
+    def _auth_failed(self, listener: str, reason: str) -> None:
+        self.metrics.auth_failures.labels(listener, reason).inc()
+
+    def _metrics_middlewares(self) -> list[object]:
+        config = self.config.metrics.auth
+        # Probes reach /healthz and /readyz without a token unless auth.protect_health.
+        probes = frozenset() if config is None or config.protect_health else frozenset(("/healthz", "/readyz"))
+        return self._http_middlewares(config, "metrics", probes)
+
+    def _grpc_interceptors(self) -> list[grpc.aio.ServerInterceptor[Any, Any]]:
+        config = self.config.receivers.grpc.auth
+        if config is None:
+            return []
+        return [auth.GrpcAuthInterceptor(auth.Authenticator(config, "grpc", self._auth_failed))]
+
+    def _http_middlewares(
+        self, config: auth.AuthConfig | None, listener: str, open_paths: frozenset[str] = frozenset()
+    ) -> list[object]:
+        if config is None:
+            return []
+        return [auth.http_middleware(auth.Authenticator(config, listener, self._auth_failed), open_paths)]
 
     @staticmethod
     def _addr(endpoint: str, port: int | None) -> str:
@@ -370,8 +403,15 @@ class Processor:
         intake = self.intake
         source = Source(f"request on {receiver}")
         counted = self.metrics.spans_dropped
+        # The tenant of the request's bearer token (receive.auth): None when its listener has no
+        # auth; otherwise it replaces whatever plumb.tenant the client put on its resources.
+        tenant = auth.TENANT.get()
         for rs in request.resource_spans:
             resource = attributes(rs.resource.attributes)
+            if tenant is not None:
+                resource.pop(auth.TENANT_ATTRIBUTE, None)
+                if tenant:
+                    resource[auth.TENANT_ATTRIBUTE] = tenant
             for ss in rs.scope_spans:
                 origin = Origin(rs, ss)
                 scope_name = ss.scope.name
@@ -423,6 +463,8 @@ class Processor:
             self._journal_pending[journal_id] = self._journal_pending.get(journal_id, 0) + taken
         if taken or resent:
             self.metrics.spans_received.labels(receiver).inc(taken + resent)
+            if tenant:
+                self.metrics.tenant_spans_received.labels(tenant).inc(taken + resent)
         if rejected:
             counted.labels("malformed").inc(rejected)
         self.metrics.traces_in_flight.set(intake.traces_in_flight)

@@ -9,7 +9,8 @@ the status details, which the OTel SDK exporters and the Collector honour.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
@@ -89,6 +90,11 @@ def server_options(
     return options
 
 
-def create_server(max_message_bytes: int, **limits: float) -> grpc.aio.Server:
-    """See ``server_options`` for ``limits``."""
-    return grpc.aio.server(options=server_options(max_message_bytes, **limits))  # type: ignore[arg-type]
+def create_server(
+    max_message_bytes: int, interceptors: Sequence[grpc.aio.ServerInterceptor[Any, Any]] = (), **limits: float
+) -> grpc.aio.Server:
+    """See ``server_options`` for ``limits``; ``interceptors`` see every call (receive.auth)."""
+    return grpc.aio.server(
+        interceptors=list(interceptors) or None,
+        options=server_options(max_message_bytes, **limits),  # type: ignore[arg-type]
+    )

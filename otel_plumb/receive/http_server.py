@@ -19,6 +19,8 @@ import asyncio
 import io
 import json
 import zlib
+from collections.abc import Sequence
+from typing import Any
 
 import zstandard
 from aiohttp import web
@@ -176,7 +178,11 @@ _CODES = {400: code_pb2.INVALID_ARGUMENT, 408: code_pb2.DEADLINE_EXCEEDED, 413: 
 
 
 def traces_app(
-    sink: SpanSink, max_message_bytes: int, receiver: str = "http", body_timeout: float = 60.0
+    sink: SpanSink,
+    max_message_bytes: int,
+    receiver: str = "http",
+    body_timeout: float = 60.0,
+    middlewares: Sequence[Any] = (),
 ) -> web.Application:
     """The /v1/traces application. Serve it with ``auto_decompress=False`` (see
     ``connections.serve``): bodies are inflated here, within the limit."""
@@ -223,6 +229,6 @@ def traces_app(
             response.partial_success.error_message = result.error_message
         return web.Response(body=_body(response, as_json), content_type=JSON if as_json else PROTOBUF)
 
-    app = web.Application(client_max_size=max_message_bytes)
+    app = web.Application(client_max_size=max_message_bytes, middlewares=list(middlewares))
     app.router.add_post("/v1/traces", post_traces)
     return app
