@@ -22,9 +22,13 @@ _OK = ExportTraceServiceResponse().SerializeToString()
 
 
 class OtlpBackend:
-    def __init__(self, keep: bool = True, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, keep: bool = True, host: str = "127.0.0.1", credentials: grpc.ServerCredentials | None = None
+    ) -> None:
+        """``credentials``: serve over TLS (``grpc.ssl_server_credentials``), at a grpcs:// endpoint."""
         self.keep = keep
         self.host = host
+        self.credentials = credentials
         self.requests: list[ExportTraceServiceRequest] = []
         self.span_count = 0
         self.port = 0
@@ -44,7 +48,11 @@ class OtlpBackend:
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)])
         handler = grpc.unary_unary_rpc_method_handler(self._export)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),))
-        self.port = server.add_insecure_port(f"{self.host}:{port if port is not None else self.port}")
+        address = f"{self.host}:{port if port is not None else self.port}"
+        if self.credentials is not None:
+            self.port = server.add_secure_port(address, self.credentials)
+        else:
+            self.port = server.add_insecure_port(address)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.host}:{port}")
         await server.start()
@@ -58,7 +66,7 @@ class OtlpBackend:
 
     @property
     def endpoint(self) -> str:
-        return f"grpc://{self.host}:{self.port}"
+        return f"{'grpcs' if self.credentials is not None else 'grpc'}://{self.host}:{self.port}"
 
     def spans(self) -> list[Span]:
         return [span for r in self.requests for rs in r.resource_spans for ss in rs.scope_spans for span in ss.spans]

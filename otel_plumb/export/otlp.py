@@ -44,6 +44,7 @@ from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from otel_plumb import tls
 from otel_plumb.export.annotate import halve_request, split_request
 from otel_plumb.export.metrics import Metrics
 from otel_plumb.export.queue import DiskQueue
@@ -159,6 +160,7 @@ class OtlpExporter:
         self._export: grpc.aio.UnaryUnaryMultiCallable[bytes, ExportTraceServiceResponse] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._url = ""
+        self._server_hostname: str | None = None
         self._gauge = metrics.export_queue.labels(name)
         self._log = RateLimitedLog(log)
         # Acknowledged batches whose deletion from the queue failed (retried with the next one).
@@ -203,7 +205,8 @@ class OtlpExporter:
             target = f"{host}:{port}"
             options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
             if scheme == "grpcs":
-                self._channel = grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(), options=options)
+                credentials, tls_options = tls.grpc_channel_credentials(self.config.tls, "exporters.otlp.tls")
+                self._channel = grpc.aio.secure_channel(target, credentials, options=[*options, *tls_options])
             else:
                 self._channel = grpc.aio.insecure_channel(target, options=options)
             # Bytes in (already serialised, as stored on disk), the response decoded.
@@ -214,7 +217,13 @@ class OtlpExporter:
             # The OTLP/HTTP convention: a bare host:port means its /v1/traces.
             url = urlsplit(self.config.endpoint)
             self._url = url._replace(path=url.path if url.path.strip("/") else "/v1/traces").geturl()
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.timeout))
+            connector = None
+            if url.scheme == "https":
+                connector = aiohttp.TCPConnector(ssl=tls.client_context(self.config.tls, "exporters.otlp.tls"))
+                self._server_hostname = self.config.tls.server_name_override if self.config.tls else None
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.config.timeout), connector=connector
+            )
         self._senders = [asyncio.create_task(self._sender()) for _ in range(self.config.queue.concurrency)]
         self._wake.set()
 
@@ -528,7 +537,9 @@ class OtlpExporter:
             data = gzip.compress(body, compresslevel=1)
             http_headers["Content-Encoding"] = "gzip"
         try:
-            async with self._session.post(self._url, data=data, headers=http_headers) as resp:
+            async with self._session.post(
+                self._url, data=data, headers=http_headers, server_hostname=self._server_hostname
+            ) as resp:
                 payload = await resp.read()
                 if 200 <= resp.status < 300:
                     partial = ExportTraceServiceResponse.FromString(payload).partial_success

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from otel_plumb import yamlfile
 from otel_plumb.receive.auth import AuthConfig
@@ -75,6 +75,33 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class TLSServerConfig(_Model):
+    """A listener's TLS (the Collector's configtls server settings); see ``otel_plumb.tls``."""
+
+    cert_file: str
+    key_file: str
+    # Set: clients must present a certificate signed by one of these CAs (mTLS).
+    client_ca_file: str | None = None
+    min_version: Literal["1.2", "1.3"] = "1.2"
+    # The files are looked at this often and, when changed, served to new connections; 0: never.
+    reload_interval: Seconds = 0.0
+
+
+class TLSClientConfig(_Model):
+    """The exporter's TLS to the backend (grpcs:// or https://; configtls client settings)."""
+
+    # CAs the backend's certificate must chain to; none: the system's.
+    ca_file: str | None = None
+    # A client certificate and its key, for a backend that requires mTLS.
+    cert_file: str | None = None
+    key_file: str | None = None
+    min_version: Literal["1.2", "1.3"] = "1.2"
+    # Accept any certificate (https:// only): for tests, never for data that matters.
+    insecure_skip_verify: bool = False
+    # The name the backend's certificate is checked against, instead of the endpoint's host.
+    server_name_override: str | None = None
+
+
 class GrpcReceiverConfig(_Model):
     endpoint: Endpoint = "127.0.0.1:4317"
     enabled: bool = True
@@ -89,6 +116,8 @@ class GrpcReceiverConfig(_Model):
     auth: AuthConfig | None = None
     # Allow a non-loopback endpoint without TLS and without auth.
     insecure: bool = False
+    # TLS (mTLS with client_ca_file); none: plaintext.
+    tls: TLSServerConfig | None = None
 
 
 class HttpReceiverConfig(_Model):
@@ -104,6 +133,8 @@ class HttpReceiverConfig(_Model):
     auth: AuthConfig | None = None
     # Allow a non-loopback endpoint without TLS and without auth.
     insecure: bool = False
+    # TLS (mTLS with client_ca_file); none: plaintext.
+    tls: TLSServerConfig | None = None
 
 
 class ReceiversConfig(_Model):
@@ -185,6 +216,8 @@ class OtlpExporterConfig(_Model):
     # Annotation values copied from a verdict (message, expected, got) are cut to this many
     # characters, with a marker saying how many were left out.
     max_annotation_chars: int = Field(default=1024, ge=16)
+    # TLS to a grpcs:// or https:// endpoint (system CAs when absent).
+    tls: TLSClientConfig | None = None
 
     @field_validator("endpoint")
     @classmethod
@@ -195,6 +228,12 @@ class OtlpExporterConfig(_Model):
         if scheme.startswith("grpc"):
             parse_hostport(rest.rstrip("/"))
         return v
+
+    @model_validator(mode="after")
+    def _tls_needs_tls_scheme(self) -> OtlpExporterConfig:
+        if self.tls is not None and not self.endpoint.startswith(("grpcs://", "https://")):
+            raise ValueError(f"tls is set but {self.endpoint} is plaintext: use grpcs:// or https://")
+        return self
 
 
 class ExportersConfig(_Model):
@@ -210,6 +249,8 @@ class MetricsConfig(_Model):
     auth: AuthConfig | None = None
     # Allow a non-loopback endpoint without TLS and without auth.
     insecure: bool = False
+    # TLS (mTLS with client_ca_file); none: plaintext.
+    tls: TLSServerConfig | None = None
 
     @field_validator("endpoint")
     @classmethod

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -25,6 +26,7 @@ from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from otel_plumb import tls
 from otel_plumb.assemble import AddOutcome, AssemblyLimits, Finished, build_trajectory
 from otel_plumb.check import CompiledPolicy, decide, load_policies
 from otel_plumb.export.annotate import Origin, Payload, annotate, encode_requests, verdict_span_request
@@ -33,7 +35,13 @@ from otel_plumb.export.otlp import OtlpExporter, StorageError
 from otel_plumb.export.verdict_log import VerdictLog
 from otel_plumb.intake import Intake, Source
 from otel_plumb.model import Decided, Trajectory, Verdict
-from otel_plumb.processor.config import ConfigError, ProcessorConfig, exposure_errors, parse_hostport
+from otel_plumb.processor.config import (
+    ConfigError,
+    ProcessorConfig,
+    TLSServerConfig,
+    exposure_errors,
+    parse_hostport,
+)
 from otel_plumb.processor.consumers import (
     CallbackConsumer,
     DecidedCallback,
@@ -128,6 +136,7 @@ class Processor:
         self._grpc: grpc.aio.Server | None = None
         self._runners: list[web.AppRunner] = []
         self._tick_task: asyncio.Task[None] | None = None
+        self._tls_tasks: list[asyncio.Task[None]] = []
         self._decide_lock = asyncio.Lock()
         self._stopping = False
         self._started = False
@@ -158,6 +167,15 @@ class Processor:
         exposed = exposure_errors(cfg)
         if exposed:
             raise ConfigError("refusing to start: " + "\n".join(exposed))
+        # TLS files are read (and refused, naming the key) before anything binds.
+        grpc_tls = (
+            tls.grpc_server_credentials(cfg.receivers.grpc.tls, "receivers.grpc.tls")
+            if cfg.receivers.grpc.enabled and cfg.receivers.grpc.tls is not None
+            else None
+        )
+        http = cfg.receivers.http
+        http_tls = self._server_tls(http.tls, "receivers.http.tls") if http.enabled else None
+        metrics_tls = self._server_tls(cfg.metrics.tls, "metrics.tls") if cfg.metrics.endpoint else None
         max_bytes = int(cfg.receivers.max_message_mib * 1024 * 1024)
         if self.exporter is not None:
             await self.exporter.start()
@@ -184,7 +202,11 @@ class Processor:
             add_verdict_service(self._grpc, self.hub)
             host, port = parse_hostport(cfg.receivers.grpc.endpoint)
             try:
-                self.grpc_port = self._grpc.add_insecure_port(f"{host}:{port}")
+                address = f"{host}:{port}"
+                if grpc_tls is not None:
+                    self.grpc_port = self._grpc.add_secure_port(address, grpc_tls)
+                else:
+                    self.grpc_port = self._grpc.add_insecure_port(address)
             except RuntimeError as exc:  # grpcio raises this when the address is taken
                 raise OSError(f"cannot listen on {cfg.receivers.grpc.endpoint} for OTLP/gRPC: {exc}") from exc
             if self.grpc_port == 0:
@@ -202,6 +224,7 @@ class Processor:
                 "OTLP/HTTP",
                 caps["http"],
                 receivers.http.idle_timeout,
+                ssl_context=http_tls,
                 auto_decompress=False,  # the receiver inflates bodies itself, within the size limit
             )
         if cfg.metrics.endpoint:
@@ -211,6 +234,7 @@ class Processor:
                 "metrics",
                 caps["metrics"],
                 METRICS_IDLE_TIMEOUT,
+                ssl_context=metrics_tls,
             )
         self._tick_task = asyncio.create_task(self._tick())
         self._started = True
@@ -249,14 +273,31 @@ class Processor:
     def _addr(endpoint: str, port: int | None) -> str:
         return f"{parse_hostport(endpoint)[0]}:{port}" if port is not None else "off"
 
+    def _server_tls(self, config: TLSServerConfig | None, key: str) -> ssl.SSLContext | None:
+        """The listener's TLS context (none: plaintext), reloaded every ``reload_interval``."""
+        if config is None:
+            return None
+        reloading = tls.ReloadingServerContext(config, key)
+        if config.reload_interval > 0:
+            self._tls_tasks.append(asyncio.create_task(reloading.run()))
+        return reloading.context
+
     async def _serve(
-        self, app: web.Application, endpoint: str, what: str, max_connections: int, idle_timeout: float, **kwargs: bool
+        self,
+        app: web.Application,
+        endpoint: str,
+        what: str,
+        max_connections: int,
+        idle_timeout: float,
+        ssl_context: ssl.SSLContext | None = None,
+        **kwargs: bool,
     ) -> int:
-        """Serve ``app`` with bounded, idle-closing connections (``receive.connections``)."""
+        """Serve ``app`` with bounded, idle-closing connections (``receive.connections``), over
+        TLS with ``ssl_context``."""
         host, port = parse_hostport(endpoint)
         try:
             runner, bound, _limiter = await connections.serve(
-                app, host, port, what, max_connections, idle_timeout, **kwargs
+                app, host, port, what, max_connections, idle_timeout, ssl_context=ssl_context, **kwargs
             )
         except OSError as exc:
             raise OSError(f"cannot listen on {endpoint} for {what}: {exc.strerror}") from exc
@@ -276,6 +317,9 @@ class Processor:
         if self._grpc is not None:
             # Lets in-flight Export calls finish; new ones are refused as retryable.
             await self._grpc.stop(min(1.0, grace))
+        for task in self._tls_tasks:
+            await tls.stop_task(task)
+        self._tls_tasks = []
         if self._tick_task is not None:
             self._tick_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -15,6 +15,7 @@ import asyncio
 import errno
 import logging
 import resource
+import ssl
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -220,20 +221,35 @@ class ConnectionLimiter:
 
 
 class _LimitedSite(web.BaseSite):
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, limiter: ConnectionLimiter) -> None:
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        limiter: ConnectionLimiter,
+        ssl_context: ssl.SSLContext | None = None,
+        handshake_timeout: float = 10.0,
+    ) -> None:
         super().__init__(runner)
         self._host, self._port, self._limiter = host, port, limiter
+        self._tls, self._handshake_timeout = ssl_context, handshake_timeout
 
     @property
     def name(self) -> str:
-        return f"http://{self._host}:{self._port}"
+        return f"{'https' if self._tls is not None else 'http'}://{self._host}:{self._port}"
 
     async def start(self) -> None:
         await super().start()
         server = self._runner.server
         assert server is not None
         self._server = await asyncio.get_running_loop().create_server(
-            self._limiter.factory(server), self._host, self._port, reuse_address=True, backlog=ACCEPT_BURST
+            self._limiter.factory(server),
+            self._host,
+            self._port,
+            reuse_address=True,
+            backlog=ACCEPT_BURST,
+            ssl=self._tls,
+            ssl_handshake_timeout=self._handshake_timeout if self._tls is not None else None,
         )
 
 
@@ -268,17 +284,26 @@ def _install_accept_handler(loop: asyncio.AbstractEventLoop) -> None:
 
 
 async def serve(
-    app: web.Application, host: str, port: int, what: str, max_connections: int, idle_timeout: float, **kwargs: Any
+    app: web.Application,
+    host: str,
+    port: int,
+    what: str,
+    max_connections: int,
+    idle_timeout: float,
+    ssl_context: ssl.SSLContext | None = None,
+    **kwargs: Any,
 ) -> tuple[web.AppRunner, int, ConnectionLimiter]:
-    """Start ``app`` on HOST:PORT behind a limiter; returns the runner, the bound port and the
-    limiter. ``kwargs`` go to aiohttp's request handler (e.g. ``auto_decompress``)."""
+    """Start ``app`` on HOST:PORT behind a limiter, over TLS with ``ssl_context`` (a handshake
+    not done in 10 s, or ``idle_timeout`` if shorter, is dropped); returns the runner, the bound
+    port and the limiter. ``kwargs`` go to aiohttp's request handler (e.g. ``auto_decompress``)."""
     limiter = ConnectionLimiter(what, max_connections)
     loop = asyncio.get_running_loop()
     app.middlewares.insert(0, limiter.middleware)
     app.on_cleanup.append(lambda _app: _forget(loop, limiter))
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=idle_timeout, **kwargs)
     await runner.setup()
-    site = _LimitedSite(runner, host, port, limiter)
+    handshake = min(10.0, idle_timeout) if idle_timeout > 0 else 10.0
+    site = _LimitedSite(runner, host, port, limiter, ssl_context, handshake)
     try:
         await site.start()
     except OSError:
