@@ -561,3 +561,57 @@ async def test_exporter_tls_settings_refused(tmp_path: Path, pki: PKI) -> None:
                 await processor.start()
         finally:
             await processor.stop(0)
+
+
+# ---- the campaign's Watch client -----------------------------------------------------------------
+
+
+async def test_campaign_watch_source_over_mtls(tmp_path: Path, pki: PKI, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from otel_plumb.campaign.collect import WatchSource
+    from otel_plumb.campaign.config import Traces
+    from otel_plumb.campaign.engine import make_source
+
+    processor = tls_processor(tmp_path, pki, mtls=True)
+    await processor.start()
+    try:
+        target = f"grpcs://127.0.0.1:{processor.grpc_port}"
+        refused = WatchSource(target, tls={"ca_file": pki.ca.file.read_bytes()})  # no client certificate
+        try:
+            await refused.start()
+        except (grpc.aio.AioRpcError, TimeoutError):
+            pass
+        else:
+            await wait_until(lambda: refused.error is not None, 10, "the Watch without a client certificate refused")
+        finally:
+            await refused.stop()
+
+        relative = {"ca_file": "pki/plumb-ca.pem", "cert_file": "pki/client/cert.pem", "key_file": "pki/client/key.pem"}
+        traces = Traces.model_validate({"watch": target, "tls": relative})
+        spec = SimpleNamespace(traces=traces)
+        campaign = SimpleNamespace(spec=spec, path=tmp_path / "c.yaml", resolve=lambda p: tmp_path / p)
+        source = make_source(campaign)  # type: ignore[arg-type]
+        assert isinstance(source, WatchSource)
+        offered: list[Any] = []
+        monkeypatch.setattr(source.matcher, "offer", offered.append)
+        await source.start()
+        try:
+            provider, _ = sdk_provider(
+                GrpcSpanExporter(
+                    endpoint=f"127.0.0.1:{processor.grpc_port}", credentials=grpc_credentials(pki.ca.file, pki.client)
+                ),
+                "watched-over-tls",
+            )
+            with provider.get_tracer("t").start_as_current_span("invoke_agent"):
+                pass
+            await asyncio.to_thread(provider.shutdown)
+            await wait_until(
+                lambda: any(t.service == "watched-over-tls" for t in offered), 20, "the watched trajectory"
+            )
+        finally:
+            await source.stop()
+    finally:
+        await processor.stop(0)
+    with pytest.raises(ValueError, match=r"traces\.tls goes with"):
+        Traces.model_validate({"watch": "grpc://127.0.0.1:1", "tls": {}})

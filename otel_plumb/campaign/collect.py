@@ -171,9 +171,13 @@ class WatchSource(TraceSource):
     """Decided trajectories from a running otel-plumb's VerdictService.Watch stream. The agent
     exports to that processor itself; the campaign re-checks each trajectory with its own policies."""
 
-    def __init__(self, target: str, token: str | None = None) -> None:
+    def __init__(self, target: str, token: str | None = None, tls: dict[str, bytes] | None = None) -> None:
+        """``target``: grpc:// or grpcs:// (TLS, with ``tls``'s PEM ``ca_file``, ``cert_file`` and
+        ``key_file`` when given; the system CAs otherwise)."""
         super().__init__()
-        self.target = target.removeprefix("grpc://")
+        self.secure = target.startswith("grpcs://")
+        self.target = target.removeprefix("grpcs://").removeprefix("grpc://")
+        self._tls = tls or {}
         # Sent as ``authorization: Bearer <token>`` when the processor's gRPC receiver has auth.
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._channel: Any = None
@@ -186,7 +190,15 @@ class WatchSource(TraceSource):
 
         from otel_plumb.proto_gen import watch_pb2, watch_pb2_grpc
 
-        self._channel = grpc.aio.insecure_channel(self.target)
+        if self.secure:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=self._tls.get("ca_file"),
+                private_key=self._tls.get("key_file"),
+                certificate_chain=self._tls.get("cert_file"),
+            )
+            self._channel = grpc.aio.secure_channel(self.target, credentials)
+        else:
+            self._channel = grpc.aio.insecure_channel(self.target)
         stub: Any = watch_pb2_grpc.VerdictServiceStub(self._channel)  # type: ignore[no-untyped-call]
         call = stub.Watch(watch_pb2.WatchRequest(), metadata=self._metadata)
         # The server sends initial metadata once the subscription is in place.

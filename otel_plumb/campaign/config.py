@@ -56,9 +56,21 @@ class Arm(_Model):
         return self
 
 
+class WatchTLS(_Model):
+    """TLS to a processor's gRPC listener (grpcs://); paths relative to the campaign file."""
+
+    # The CA that signed the processor's certificate; none: the system's.
+    ca_file: str | None = None
+    # A client certificate and its key, when the listener wants one (client_ca_file).
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
 class Traces(_Model):
     receiver: Literal["embedded"] | None = None
-    watch: str | None = Field(default=None, pattern=r"^grpc://[^/]+:\d+$")
+    watch: str | None = Field(default=None, pattern=r"^grpcs?://[^/]+:\d+$")
+    # With a grpcs:// watch: the CA and client certificate to use.
+    tls: WatchTLS | None = None
     files: list[str] | None = None
     # With watch: the processor's bearer token, usually ${env:NAME} (expanded when the campaign runs).
     token: str | None = Field(default=None, min_length=1, repr=False)
@@ -68,9 +80,13 @@ class Traces(_Model):
     @model_validator(mode="after")
     def _one_source(self) -> Traces:
         if sum(x is not None for x in (self.receiver, self.watch, self.files)) != 1:
-            raise ValueError("traces is exactly one of receiver: embedded, watch: grpc://host:port, files: [...]")
+            raise ValueError("traces is exactly one of receiver: embedded, watch: grpc(s)://host:port, files: [...]")
         if self.token is not None and self.watch is None:
             raise ValueError("traces.token goes with traces.watch")
+        if self.tls is not None and not (self.watch or "").startswith("grpcs://"):
+            raise ValueError("traces.tls goes with traces.watch: grpcs://host:port")
+        if self.tls is not None and (self.tls.cert_file is None) != (self.tls.key_file is None):
+            raise ValueError("traces.tls: cert_file and key_file go together")
         return self
 
 

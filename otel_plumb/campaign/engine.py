@@ -93,7 +93,16 @@ def make_source(campaign: LoadedCampaign) -> TraceSource:
                 token = yamlfile.expand_env(traces.token, str(campaign.path), None)
             except yamlfile.YamlError as e:
                 raise CampaignError(campaign.path, None, f"traces.token: {e.message}") from None
-        return WatchSource(traces.watch, token)
+        tls: dict[str, bytes] = {}
+        for key in ("ca_file", "cert_file", "key_file"):
+            path = getattr(traces.tls, key, None)
+            if path is not None:
+                try:
+                    tls[key] = campaign.resolve(path).read_bytes()
+                except OSError as e:
+                    message = f"traces.tls.{key}: cannot read {path}: {e.strerror}"
+                    raise CampaignError(campaign.path, None, message) from None
+        return WatchSource(traces.watch, token, tls)
     assert traces.files is not None
     return FileSource([str(campaign.resolve(p)) for p in traces.files])
 
