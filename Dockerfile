@@ -1,7 +1,10 @@
 # otel-plumb: the live processor (`otel-plumb run`) and the offline commands, as a non-root image.
 #   docker build -t otel-plumb .
-#   docker run -p 4317:4317 -p 4318:4318 -p 9464:9464 -v $PWD/configs:/etc/otel-plumb:ro \
-#     otel-plumb run --config /etc/otel-plumb/otel-plumb.yaml
+#   docker run -e OTEL_PLUMB_TOKEN="$(openssl rand -hex 24)" -p 4317:4317 -p 4318:4318 -p 9464:9464 otel-plumb
+# By default every listener requires that bearer token (configs/docker.yaml); a config of your
+# own (with TLS, say) replaces it:
+#   docker run -p 4317:4317 -v $PWD/plumb.yaml:/etc/otel-plumb/plumb.yaml:ro otel-plumb \
+#     run --config /etc/otel-plumb/plumb.yaml --state-dir /var/lib/otel-plumb
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -18,6 +21,7 @@ RUN groupadd --system --gid 10001 plumb \
  && mkdir -p /var/lib/otel-plumb /etc/otel-plumb/policies \
  && chown plumb:plumb /var/lib/otel-plumb
 COPY configs/policies /etc/otel-plumb/policies
+COPY configs/docker.yaml /etc/otel-plumb/docker.yaml
 USER 10001:10001
 WORKDIR /var/lib/otel-plumb
 # The on-disk export queue and the verdict log live here.
@@ -27,4 +31,4 @@ EXPOSE 4317 4318 9464
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
   CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=2)"]
 ENTRYPOINT ["otel-plumb"]
-CMD ["run", "--grpc", "0.0.0.0:4317", "--http", "0.0.0.0:4318", "--metrics", "0.0.0.0:9464", "--state-dir", "/var/lib/otel-plumb"]
+CMD ["run", "--config", "/etc/otel-plumb/docker.yaml", "--state-dir", "/var/lib/otel-plumb"]

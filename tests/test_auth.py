@@ -301,3 +301,18 @@ async def test_campaign_watch_source_sends_the_token(
         assert source.error is None
     finally:
         await source.stop()
+
+
+def test_docker_config_requires_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    root = Path(__file__).resolve().parent.parent
+    dockerfile = (root / "Dockerfile").read_text()
+    assert "COPY configs/docker.yaml /etc/otel-plumb/docker.yaml" in dockerfile
+    assert '"--config", "/etc/otel-plumb/docker.yaml"' in dockerfile
+    monkeypatch.delenv("OTEL_PLUMB_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match="OTEL_PLUMB_TOKEN"):
+        load_config(root / "configs" / "docker.yaml")
+    monkeypatch.setenv("OTEL_PLUMB_TOKEN", TOKEN_A)
+    config = load_config(root / "configs" / "docker.yaml")
+    assert exposure_errors(config) == []
+    for listener in (config.receivers.grpc, config.receivers.http, config.metrics):
+        assert listener.auth is not None and listener.auth.bearer_tokens[0].token == TOKEN_A

@@ -4,6 +4,7 @@ values.schema.json (check-jsonschema), and what it generates loaded by the proce
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -18,7 +19,7 @@ import pytest
 import yaml
 
 from otel_plumb.check import load_policies
-from otel_plumb.processor.config import load_config
+from otel_plumb.processor.config import exposure_errors, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "otel-plumb"
@@ -78,6 +79,8 @@ def check_generated_files(kinds: dict[str, list[dict[str, Any]]], tmp_path: Path
         env.setenv("OTEL_PLUMB_HEADER_AUTHORIZATION", "Bearer test")
         config = load_config(str(config_file), {})
     assert config.policies == [str(policy_dir / "ap-controls.yaml")]
+    # The processor would start: nothing beyond loopback is left without TLS or auth.
+    assert exposure_errors(config) == []
     assert [p.name for p in load_policies(config.policies)] == ["ap-controls"]
 
 
@@ -120,7 +123,8 @@ def test_gateway(tmp_path: Path) -> None:
     assert {"/var/lib/otel-plumb", "/tmp", "/etc/otel-plumb/policies"} <= mounts
     header_env = container["env"][0]
     assert header_env["valueFrom"]["secretKeyRef"] == {"name": "plumb-otel-plumb-export", "key": "authorization"}
-    assert kinds["Secret"][0]["stringData"] == {"authorization": "Bearer x"}
+    secrets = {s["metadata"]["name"]: s for s in kinds["Secret"]}
+    assert secrets["plumb-otel-plumb-export"]["stringData"] == {"authorization": "Bearer x"}
 
     (service,) = kinds["Service"]
     assert service["spec"]["clusterIP"] == "None"
@@ -223,3 +227,82 @@ def test_deploying_doc_names_files_that_exist() -> None:
     assert len(paths) > 10
     missing = sorted(p for p in paths if not (ROOT / p).exists())
     assert not missing, missing
+
+
+def test_gateway_ships_with_auth_and_a_network_policy() -> None:
+    docs = render(EXAMPLES / "gateway-values.yaml")
+    validate(docs)
+    kinds = by_kind(docs)
+    secrets = {s["metadata"]["name"]: s for s in kinds["Secret"]}
+    token = base64.b64decode(secrets["plumb-otel-plumb-auth"]["data"]["token"]).decode()
+    assert len(token) >= 32
+    (workload,) = kinds["StatefulSet"]
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["otel-plumb-auth"]["secret"] == {
+        "secretName": "plumb-otel-plumb-auth", "items": [{"key": "token", "path": "token"}]
+    }
+    config = yaml.safe_load(
+        next(cm for cm in kinds["ConfigMap"] if cm["metadata"]["name"].endswith("-config"))["data"]["config.yaml"]
+    )
+    tokens = [{"token_file": "/etc/otel-plumb/auth/token"}]
+    for listener in (config["receivers"]["grpc"], config["receivers"]["http"], config["metrics"]):
+        assert listener["auth"] == {"bearer_tokens": tokens}
+        assert "insecure" not in listener
+    (monitor,) = kinds["ServiceMonitor"]
+    assert monitor["spec"]["endpoints"][0]["authorization"]["credentials"] == {
+        "name": "plumb-otel-plumb-auth", "key": "token"
+    }
+    (policy,) = kinds["NetworkPolicy"]
+    assert policy["spec"]["podSelector"] == workload["spec"]["selector"]
+    ports = [[p["port"] for p in rule["ports"]] for rule in policy["spec"]["ingress"]]
+    assert ports == [[4317, 4318], [9464]]
+    assert policy["spec"]["ingress"][0]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}}
+    ]
+    # The chart's own default: pods of the release's namespace only.
+    (default,) = by_kind(render(EXAMPLES / "gateway-values.yaml", "--set", "networkPolicy.otlpFrom=null"))[
+        "NetworkPolicy"
+    ]
+    assert [[p["port"] for p in rule["ports"]] for rule in default["spec"]["ingress"]] == [[9464]]
+
+
+def test_chart_tls_existing_secret_and_insecure() -> None:
+    docs = render(
+        EXAMPLES / "gateway-values.yaml",
+        "--set", "tls.enabled=true", "--set", "tls.secretName=plumb-tls", "--set", "tls.clientAuth=true",
+        "--set", "auth.existingSecret=plumb-token", "--set", "auth.tenant=team-a",
+    )  # fmt: skip
+    validate(docs)
+    kinds = by_kind(docs)
+    assert "plumb-otel-plumb-auth" not in {s["metadata"]["name"] for s in kinds.get("Secret", [])}
+    config = yaml.safe_load(
+        next(cm for cm in kinds["ConfigMap"] if cm["metadata"]["name"].endswith("-config"))["data"]["config.yaml"]
+    )
+    grpc = config["receivers"]["grpc"]
+    assert grpc["auth"]["bearer_tokens"] == [{"token_file": "/etc/otel-plumb/auth/token", "tenant": "team-a"}]
+    assert grpc["tls"] == {
+        "cert_file": "/etc/otel-plumb/tls/tls.crt", "key_file": "/etc/otel-plumb/tls/tls.key",
+        "client_ca_file": "/etc/otel-plumb/tls/ca.crt",
+    }
+    loaded = load_config(None, {k: config[k] for k in ("receivers", "metrics")})
+    assert loaded.receivers.grpc.tls is not None and exposure_errors(loaded) == []
+    # Probes cannot present a client certificate: metrics has TLS, not mTLS (and the token).
+    assert "client_ca_file" not in config["metrics"]["tls"] and config["metrics"]["auth"]
+    (workload,) = kinds["StatefulSet"]
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["otel-plumb-tls"]["secret"]["secretName"] == "plumb-tls"
+    assert volumes["otel-plumb-auth"]["secret"]["secretName"] == "plumb-token"
+
+    # Unprotected only when asked for, and then said so in the config.
+    refused = helm("template", "plumb", str(CHART), "--set", "auth.enabled=false")
+    assert refused.returncode != 0 and "insecure" in refused.stderr
+    docs = render(EXAMPLES / "gateway-values.yaml", "--set", "auth.enabled=false", "--set", "insecure=true")
+    config = yaml.safe_load(
+        next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config"))["data"][
+            "config.yaml"
+        ]
+    )
+    assert config["receivers"]["grpc"]["insecure"] is True and "auth" not in config["receivers"]["grpc"]
+    assert exposure_errors(load_config(None, {k: config[k] for k in ("receivers", "metrics")})) == []

@@ -305,7 +305,7 @@ def exposure_errors(config: ProcessorConfig) -> list[str]:
     ]
     errors = []
     for key, what, enabled, listener in listeners:
-        if not enabled or listener.insecure or listener.auth is not None or getattr(listener, "tls", None) is not None:
+        if not enabled or listener.insecure or listener.auth is not None or listener.tls is not None:
             continue
         host, _port = parse_hostport(listener.endpoint)
         if not is_loopback(host):

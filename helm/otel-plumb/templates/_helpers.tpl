@@ -50,6 +50,28 @@ app.kubernetes.io/component: {{ .Values.mode }}
 {{- printf "OTEL_PLUMB_HEADER_%s" (regexReplaceAll "[^A-Za-z0-9]+" . "_" | upper) }}
 {{- end }}
 
+{{/* The Secret holding the bearer token (made by the chart unless auth.existingSecret). */}}
+{{- define "otel-plumb.authSecretName" -}}
+{{- default (printf "%s-auth" (include "otel-plumb.fullname" .)) .Values.auth.existingSecret }}
+{{- end }}
+
+{{/* The auth, tls and insecure keys of a listener reachable from outside the pod. */}}
+{{- define "otel-plumb.protection" -}}
+{{- $out := dict }}
+{{- if .Values.auth.enabled }}
+{{- $token := dict "token_file" "/etc/otel-plumb/auth/token" }}
+{{- with .Values.auth.tenant }}{{ $_ := set $token "tenant" . }}{{ end }}
+{{- $_ := set $out "auth" (dict "bearer_tokens" (list $token)) }}
+{{- end }}
+{{- if .Values.tls.enabled }}
+{{- $tls := dict "cert_file" "/etc/otel-plumb/tls/tls.crt" "key_file" "/etc/otel-plumb/tls/tls.key" }}
+{{- if .Values.tls.clientAuth }}{{ $_ := set $tls "client_ca_file" "/etc/otel-plumb/tls/ca.crt" }}{{ end }}
+{{- $_ := set $out "tls" $tls }}
+{{- end }}
+{{- if .Values.insecure }}{{ $_ := set $out "insecure" true }}{{ end }}
+{{- toYaml $out }}
+{{- end }}
+
 {{/* True when the gateway keeps its state on persistent volumes (then it is a StatefulSet). */}}
 {{- define "otel-plumb.workloadKind" -}}
 {{- if .Values.persistence.enabled }}StatefulSet{{ else }}Deployment{{ end }}
@@ -62,11 +84,22 @@ app.kubernetes.io/component: {{ .Values.mode }}
 {{- range $name, $_ := .Values.policies }}
 {{- $policies = append $policies (printf "/etc/otel-plumb/policies/%s.yaml" $name) }}
 {{- end }}
+{{- if not (or .Values.auth.enabled .Values.tls.enabled .Values.insecure) }}
+{{- fail "the listeners beyond loopback need auth.enabled or tls.enabled (or insecure: true to run them unprotected)" }}
+{{- end }}
+{{- $protection := include "otel-plumb.protection" . | fromYaml }}
+{{- $grpc := dict "endpoint" (printf "%s:%v" $listen .Values.ports.otlpGrpc) }}
+{{- $http := dict "endpoint" (printf "%s:%v" $listen .Values.ports.otlpHttp) }}
+{{- if eq .Values.mode "gateway" }}
+{{- $grpc = mustMerge $grpc (deepCopy $protection) }}
+{{- $http = mustMerge $http (deepCopy $protection) }}
+{{- end }}
+{{- /* Kubelet probes cannot present a client certificate: metrics has TLS without mTLS. */}}
+{{- $metricsProtection := deepCopy $protection }}
+{{- if hasKey $metricsProtection "tls" }}{{ $_ := unset $metricsProtection.tls "client_ca_file" }}{{ end }}
 {{- $generated := dict
-  "receivers" (dict
-    "grpc" (dict "endpoint" (printf "%s:%v" $listen .Values.ports.otlpGrpc))
-    "http" (dict "endpoint" (printf "%s:%v" $listen .Values.ports.otlpHttp)))
-  "metrics" (dict "endpoint" (printf "0.0.0.0:%v" .Values.ports.metrics))
+  "receivers" (dict "grpc" $grpc "http" $http)
+  "metrics" (mustMerge (dict "endpoint" (printf "0.0.0.0:%v" .Values.ports.metrics)) $metricsProtection)
   "policies" $policies }}
 {{- if .Values.export.endpoint }}
 {{- $headers := dict }}
@@ -108,16 +141,17 @@ env:
         key: {{ . }}
   {{- end }}
 {{- end }}
+{{- $scheme := ternary ", scheme: HTTPS" "" .Values.tls.enabled }}
 livenessProbe:
-  httpGet: {path: /healthz, port: {{ $metrics }}}
+  httpGet: {path: /healthz, port: {{ $metrics }}{{ $scheme }}}
   periodSeconds: 10
   failureThreshold: 3
 readinessProbe:
-  httpGet: {path: /readyz, port: {{ $metrics }}}
+  httpGet: {path: /readyz, port: {{ $metrics }}{{ $scheme }}}
   periodSeconds: 5
   failureThreshold: 2
 startupProbe:
-  httpGet: {path: /healthz, port: {{ $metrics }}}
+  httpGet: {path: /healthz, port: {{ $metrics }}{{ $scheme }}}
   periodSeconds: 2
   failureThreshold: 30
 resources:
@@ -129,6 +163,12 @@ volumeMounts:
   - {name: otel-plumb-policies, mountPath: /etc/otel-plumb/policies, readOnly: true}
   - {name: otel-plumb-state, mountPath: /var/lib/otel-plumb}
   - {name: otel-plumb-tmp, mountPath: /tmp}
+  {{- if .Values.auth.enabled }}
+  - {name: otel-plumb-auth, mountPath: /etc/otel-plumb/auth, readOnly: true}
+  {{- end }}
+  {{- if .Values.tls.enabled }}
+  - {name: otel-plumb-tls, mountPath: /etc/otel-plumb/tls, readOnly: true}
+  {{- end }}
 {{- end }}
 
 {{/* Volumes of the container above; the state volume comes from a claim template when persistent. */}}
@@ -147,4 +187,17 @@ volumeMounts:
   emptyDir:
     medium: Memory
     sizeLimit: 64Mi
+{{- if .Values.auth.enabled }}
+# Mounted as a directory (no subPath) so a rotated Secret reaches the processor, which re-reads the file.
+- name: otel-plumb-auth
+  secret:
+    secretName: {{ include "otel-plumb.authSecretName" . }}
+    items:
+      - {key: {{ .Values.auth.secretKey }}, path: token}
+{{- end }}
+{{- if .Values.tls.enabled }}
+- name: otel-plumb-tls
+  secret:
+    secretName: {{ required "tls.secretName is required with tls.enabled" .Values.tls.secretName }}
+{{- end }}
 {{- end }}
