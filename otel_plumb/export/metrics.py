@@ -27,14 +27,22 @@ M = TypeVar("M", Counter, Gauge)
 
 
 class _Capped(Generic[M]):
-    """A labelled metric whose label values are capped: past ``cap`` distinct values per label,
-    new values become ``__overflow__`` so a misbehaving client cannot blow up the series count."""
+    """A labelled metric whose label values are capped, so values chosen by whoever sends spans
+    (agent and tool names) cannot blow up ``/metrics``: past ``cap`` distinct values per label new
+    values become ``__overflow__``, values are cut to ``max_length`` characters, and past
+    ``max_series`` label combinations new ones all go to one all-``__overflow__`` series."""
 
-    __slots__ = ("_cap", "_children", "_seen", "metric")
+    __slots__ = ("_cap", "_children", "_max_length", "_max_series", "_overflow", "_seen", "_series", "metric")
 
-    def __init__(self, metric: M, label_names: Sequence[str], cap: int) -> None:
+    def __init__(
+        self, metric: M, label_names: Sequence[str], cap: int, max_length: int = 128, max_series: int = 10_000
+    ) -> None:
         self.metric: M = metric
         self._cap = cap
+        self._max_length = max_length
+        self._max_series = max_series
+        self._series: set[tuple[str, ...]] = set()
+        self._overflow = tuple(OVERFLOW for _ in label_names)
         self._seen: list[set[str]] = [set() for _ in label_names]
         # Children by the values asked for: the hot path skips prometheus-client's own lookup.
         self._children: dict[tuple[str | None, ...], M] = {}
@@ -51,23 +59,31 @@ class _Capped(Generic[M]):
         capped = []
         for seen, value in zip(self._seen, values, strict=True):
             v = "" if value is None else str(value)
+            if len(v) > self._max_length:
+                v = v[: self._max_length - 1] + "…"
             if v not in seen:
                 if len(seen) >= self._cap:
                     v = OVERFLOW
                 else:
                     seen.add(v)
             capped.append(v)
-        child: M = self.metric.labels(*capped)
+        series = tuple(capped)
+        if series not in self._series:
+            if len(self._series) >= self._max_series:
+                series = self._overflow
+            else:
+                self._series.add(series)
+        child: M = self.metric.labels(*series)
         return child
 
 
 class Metrics:
-    def __init__(self, max_label_values: int = 200) -> None:
+    def __init__(self, max_label_values: int = 200, max_label_length: int = 128, max_series: int = 10_000) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r, cap = self.registry, max_label_values
 
         def counter(name: str, doc: str, labels: Sequence[str]) -> _Capped[Counter]:
-            return _Capped(Counter(name, doc, labels, registry=r), labels, cap)
+            return _Capped(Counter(name, doc, labels, registry=r), labels, cap, max_label_length, max_series)
 
         self.spans_received = counter("plumb_spans_received", "Spans accepted by a receiver.", ["receiver"])
         self.spans_dropped = counter("plumb_spans_dropped", "Spans not processed, by reason.", ["reason"])
@@ -93,6 +109,8 @@ class Metrics:
             Gauge("plumb_export_queue_spans", "Spans waiting for export (memory and disk).", ["exporter"], registry=r),
             ["exporter"],
             cap,
+            max_label_length,
+            max_series,
         )
         self.decision_seconds = Histogram(
             "plumb_trajectory_decision_seconds",

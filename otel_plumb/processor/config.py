@@ -245,6 +245,10 @@ class MetricsConfig(_Model):
     endpoint: str = "127.0.0.1:9464"
     # Distinct values kept per label before new ones are folded into "__overflow__".
     max_label_values: int = Field(default=200, ge=1)
+    # Longest label value kept (agent and tool names come from the traffic); longer ones are cut.
+    max_label_length: int = Field(default=128, ge=8)
+    # Series kept per metric; past it, new label combinations go to one all-"__overflow__" series.
+    max_series: int = Field(default=10_000, ge=1)
     # Bearer tokens required for /metrics (and /healthz, /readyz with auth.protect_health).
     auth: AuthConfig | None = None
     # Allow a non-loopback endpoint without TLS and without auth.

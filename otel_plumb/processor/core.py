@@ -95,7 +95,8 @@ class Processor:
             )
         )
         self.hub = VerdictHub()
-        self.metrics = Metrics(config.metrics.max_label_values)
+        m = config.metrics
+        self.metrics = Metrics(m.max_label_values, m.max_label_length, m.max_series)
         self.exporter: OtlpExporter | None = (
             OtlpExporter(config.exporters.otlp, self.metrics) if config.exporters.otlp is not None else None
         )
