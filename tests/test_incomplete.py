@@ -173,3 +173,13 @@ def test_replay_without_a_policy_reports_unchecked_never_conformant(tmp_path: Pa
     report = json.loads(out.read_text())
     assert [t["status"] for t in report["trajectories"]] == ["unchecked"]
     assert report["summary"]["unchecked"] == 1 and report["summary"]["conformant"] == 0
+
+
+def test_a_violation_in_the_terminal_names_the_task_key_and_the_trace() -> None:
+    import re
+
+    fixture = ROOT / "tests" / "fixtures" / "ap" / "double_payment.jsonl"
+    res = CliRunner().invoke(cli, ["replay", str(fixture), str(fixture), "--policy", str(AP_POLICY)])
+    assert res.exit_code == 1, res.output  # the file twice is still one double payment, not four
+    assert re.search(r"FAIL critical pay-once  INV-\d+ [0-9a-f]{16} step \d+", res.output), res.output
+    assert res.output.count("FAIL critical pay-once") == 1
