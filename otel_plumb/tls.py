@@ -23,14 +23,41 @@ import os
 import ssl
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Literal
 
 import grpc
 
-if TYPE_CHECKING:
-    from otel_plumb.processor.config import TLSClientConfig, TLSServerConfig
+from otel_plumb.configtypes import ConfigModel, Seconds
 
 log = logging.getLogger("otel_plumb.tls")
+
+
+class TLSServerConfig(ConfigModel):
+    """A listener's TLS (the Collector's configtls server settings)."""
+
+    cert_file: str
+    key_file: str
+    # Set: clients must present a certificate signed by one of these CAs (mTLS).
+    client_ca_file: str | None = None
+    min_version: Literal["1.2", "1.3"] = "1.2"
+    # The files are looked at this often and, when changed, served to new connections; 0: never.
+    reload_interval: Seconds = 0.0
+
+
+class TLSClientConfig(ConfigModel):
+    """The exporter's TLS to the backend (grpcs:// or https://; configtls client settings)."""
+
+    # CAs the backend's certificate must chain to; none: the system's.
+    ca_file: str | None = None
+    # A client certificate and its key, for a backend that requires mTLS.
+    cert_file: str | None = None
+    key_file: str | None = None
+    min_version: Literal["1.2", "1.3"] = "1.2"
+    # Accept any certificate (https:// only): for tests, never for data that matters.
+    insecure_skip_verify: bool = False
+    # The name the backend's certificate is checked against, instead of the endpoint's host.
+    server_name_override: str | None = None
+
 
 _VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
 

@@ -45,10 +45,11 @@ from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from otel_plumb import tls
+from otel_plumb.configtypes import parse_hostport
 from otel_plumb.export.annotate import halve_request, split_request
+from otel_plumb.export.config import OtlpExporterConfig
 from otel_plumb.export.metrics import Metrics
 from otel_plumb.export.queue import DiskQueue
-from otel_plumb.processor.config import OtlpExporterConfig, parse_hostport
 from otel_plumb.ratelimit import RateLimitedLog
 
 log = logging.getLogger("otel_plumb.export")

@@ -29,19 +29,14 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from otel_plumb import tls
 from otel_plumb.assemble import AddOutcome, AssemblyLimits, Finished, build_trajectory
 from otel_plumb.check import CompiledPolicy, decide, load_policies
+from otel_plumb.configtypes import parse_hostport
 from otel_plumb.export.annotate import Origin, Payload, annotate, encode_requests, verdict_span_request
 from otel_plumb.export.metrics import Metrics, metrics_app
 from otel_plumb.export.otlp import OtlpExporter, StorageError
 from otel_plumb.export.verdict_log import VerdictLog
 from otel_plumb.intake import Intake, Source
 from otel_plumb.model import Decided, Trajectory, Verdict
-from otel_plumb.processor.config import (
-    ConfigError,
-    ProcessorConfig,
-    TLSServerConfig,
-    exposure_errors,
-    parse_hostport,
-)
+from otel_plumb.processor.config import ConfigError, ProcessorConfig, exposure_errors
 from otel_plumb.processor.consumers import (
     CallbackConsumer,
     DecidedCallback,
@@ -56,6 +51,7 @@ from otel_plumb.ratelimit import RateLimitedLog
 from otel_plumb.receive import auth, connections, grpc_server, http_server
 from otel_plumb.receive.otlp import attributes, span_record
 from otel_plumb.receive.sink import IngestResult, Throttled
+from otel_plumb.tls import TLSServerConfig
 from otel_plumb.watch import VerdictHub
 
 log = logging.getLogger("otel_plumb.processor")
