@@ -14,6 +14,7 @@ arrive and shift every index), so its messages name a step by span id and call o
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ class Run:
     one the policy found: a span named like one of its tools that no convention reads).
     ``budget``: what its CEL expressions may still cost (``expr.CostBudget``)."""
 
-    __slots__ = ("_cel_steps", "budget", "complete", "ctx", "provisional", "reason", "trajectory")
+    __slots__ = ("_calls", "_cel_steps", "budget", "complete", "ctx", "provisional", "reason", "trajectory")
 
     def __init__(
         self,
@@ -70,6 +71,8 @@ class Run:
         self.reason = reason if reason is not None else trajectory.incomplete_reason
         self.budget = CostBudget()
         self._cel_steps: dict[frozenset[str], list[dict[str, Any]]] = {}
+        # Successful calls per set of tools, by step index (built once per trajectory).
+        self._calls: dict[Tools, tuple[list[int], list[Step]]] = {}
 
     def where(self, step: Step) -> str:
         """Where ``step`` is, for a message: ``step N``, or ``span X`` while indices are provisional."""
@@ -88,6 +91,17 @@ class Run:
     @property
     def steps(self) -> list[Step]:
         return self.trajectory.steps
+
+    def last_call_before(self, tools: Tools, index: int) -> Step | None:
+        """The last successful call of ``tools`` before step ``index``: from an index of those
+        calls built on first use (O(steps) once, then O(log calls) a lookup), so an argument
+        check that reads an earlier step stays linear in the trajectory."""
+        calls = self._calls.get(tools)
+        if calls is None:
+            found = _calls(self.trajectory.steps, tools)
+            calls = self._calls[tools] = ([s.index for s in found], found)
+        at = bisect.bisect_left(calls[0], index)
+        return calls[1][at - 1] if at else None
 
     def cel_steps(self, steps: Sequence[Step], fields: frozenset[str]) -> list[dict[str, Any]]:
         built = self._cel_steps.get(fields)

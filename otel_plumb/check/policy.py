@@ -532,11 +532,9 @@ def _expected_source(
         what = "result" if use_result else "argument"
 
         def from_step(run: ck.Run, step: Step) -> tuple[Any, str | None]:
-            earlier = [s for s in run.steps if s.index < step.index and s.kind == "tool" and s.error is None
-                       and s.name in source]  # fmt: skip
-            if not earlier:
+            src = run.last_call_before(source, step.index)
+            if src is None:
                 return None, f"no successful {ck.tools_text(source)} before {run.where(step)}"
-            src = earlier[-1]
             status = src.result_status if use_result else src.args_status
             if status != "captured":
                 return None, f"{what} of {run.where(src)} ({src.name}) is {status}"
