@@ -177,7 +177,7 @@ def _tool(tracer: trace.Tracer, faults: Faults, ledger: Ledger, name: str, retri
 
 
 def handle(request: dict[str, Any], retries: int, carrier: dict[str, Any] | None = None) -> dict[str, Any]:
-    provider = setup_tracing("ap-agent", request.get("otlp_endpoint"))
+    provider = setup_tracing("ap-agent", request.get("otlp_endpoint"), protocol=request.get("otlp_protocol"))
     tracer = provider.get_tracer("ap-agent")
     faults = Faults.from_request(request)
     ledger = Ledger()

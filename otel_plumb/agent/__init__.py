@@ -4,9 +4,10 @@
   and ``baggage`` the harness sent (HTTP headers, the ``TRACEPARENT``/``BAGGAGE`` environment
   of a command, or the request dict of a Python callable) into an OpenTelemetry context: run
   the agent inside ``with in_trial(...)``.
-- :func:`setup_tracing` builds a tracer provider that exports OTLP/HTTP to the campaign's
-  receiver and copies ``plumb.*`` baggage onto every span (``BaggageSpanProcessor`` from
-  ``opentelemetry-processor-baggage``), so each trajectory names its case, variant, trial, arm.
+- :func:`setup_tracing` builds a tracer provider that exports OTLP (gRPC or HTTP, as the
+  request's ``otlp_protocol`` says) to the campaign's receiver and copies ``plumb.*`` baggage
+  onto every span (``BaggageSpanProcessor`` from ``opentelemetry-processor-baggage``), so
+  each trajectory names its case, variant, trial, arm.
 - :class:`Faults` honours the request's injected tool faults: a wrapped tool raises the
   given error for its first ``times`` calls.
 """

@@ -52,19 +52,32 @@ def in_trial(source: Mapping[str, Any] | None = None) -> Iterator[otel_context.C
         otel_context.detach(token)
 
 
-def setup_tracing(service_name: str, endpoint: str | None = None, *, exporter: SpanExporter | None = None,
-                  batch: bool = True) -> TracerProvider:
-    """A tracer provider exporting OTLP/HTTP to ``endpoint`` (default: the
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` environment variable), copying ``plumb.*`` baggage entries
-    onto every span. Call ``force_flush()`` before answering so the trace is complete."""
+def setup_tracing(service_name: str, endpoint: str | None = None, *, protocol: str | None = None,
+                  exporter: SpanExporter | None = None, batch: bool = True) -> TracerProvider:
+    """A tracer provider exporting OTLP to ``endpoint`` over ``protocol`` (``grpc`` or
+    ``http/protobuf``), copying ``plumb.*`` baggage entries onto every span. Pass the request's
+    ``otlp_endpoint`` and ``otlp_protocol``; without them the ``OTEL_EXPORTER_OTLP_ENDPOINT`` and
+    ``OTEL_EXPORTER_OTLP_PROTOCOL`` environment variables (a command agent's) are used, and
+    without those OTLP/HTTP to 127.0.0.1:4318. Call ``force_flush()`` before answering so the
+    trace is complete."""
     from opentelemetry.processor.baggage import BaggageSpanProcessor
 
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     provider.add_span_processor(BaggageSpanProcessor(lambda key: key.startswith(PLUMB_PREFIX)))
     if exporter is None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        protocol = protocol or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
-        base = endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
-        exporter = OTLPSpanExporter(endpoint=base.rstrip("/") + "/v1/traces")
+            target = endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")
+            # An http:// endpoint is plaintext gRPC, as the SDK reads OTEL_EXPORTER_OTLP_ENDPOINT.
+            exporter = GrpcExporter(endpoint=target, insecure=target.startswith("http://"))
+        elif protocol == "http/protobuf":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            base = endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+            exporter = OTLPSpanExporter(endpoint=base.rstrip("/") + "/v1/traces")
+        else:
+            raise ValueError(f"OTLP protocol {protocol!r}: grpc or http/protobuf")
     provider.add_span_processor(BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter))
     return provider

@@ -1,7 +1,7 @@
 """Trace collection: each trial's trajectory, matched by trace id or ``plumb.trial.id``.
 
-Sources: ``embedded`` (the live processor in this process, on free 127.0.0.1 ports; its
-OTLP/HTTP address is handed to the agent as ``otlp_endpoint``), ``watch``
+Sources: ``embedded`` (the live processor in this process, OTLP/gRPC and OTLP/HTTP on free
+127.0.0.1 ports, both handed to the agent), ``watch``
 (the VerdictService.Watch stream of a running otel-plumb), or ``files`` recorded earlier. A
 trial whose trajectory does not arrive within the deadline is an error, never dropped.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from otel_plumb.assemble import build_trajectory
@@ -22,6 +23,15 @@ log = logging.getLogger("otel_plumb.campaign")
 
 class TraceMissing(Exception):
     pass
+
+
+class NoSpans(TraceMissing):
+    """Not one span of the trial's trace reached the embedded receiver: the agent exported
+    nothing, or elsewhere. ``hint`` says where it must export."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 class Matcher:
@@ -73,10 +83,28 @@ class Matcher:
             self._waiting.pop(trial_id, None)
 
 
-class TraceSource:
-    """Base: where trajectories come from. ``otlp_endpoint`` is given to agents (or None)."""
+# OTLP protocols an agent may be told to use, with the names of OTEL_EXPORTER_OTLP_PROTOCOL.
+GRPC, HTTP_PROTOBUF = "grpc", "http/protobuf"
 
-    otlp_endpoint: str | None = None
+
+@dataclass(frozen=True, slots=True)
+class OtlpEndpoints:
+    """Where agents export their spans: both OTLP receivers listen."""
+
+    grpc: str  # http://host:port, as the OpenTelemetry SDK's gRPC exporter takes it (plaintext)
+    http: str  # http://host:port, the base the HTTP exporter appends /v1/traces to
+
+    def for_protocol(self, protocol: str) -> str:
+        return self.grpc if protocol == GRPC else self.http
+
+    def describe(self) -> str:
+        return f"{self.grpc.removeprefix('http://')} (gRPC) or {self.http} (HTTP)"
+
+
+class TraceSource:
+    """Base: where trajectories come from. ``endpoints`` are given to agents (or None)."""
+
+    endpoints: OtlpEndpoints | None = None
     # False for trace files recorded earlier: the agents ran then, not now.
     runs_agents = True
 
@@ -97,7 +125,7 @@ class EmbeddedReceiver(TraceSource):
     """The live processor embedded in the campaign: OTLP/gRPC and OTLP/HTTP on free loopback
     ports, the shared normalise and assemble stages, a callback per decided trajectory.
 
-    Agents are given the OTLP/HTTP address. A trace is decided once its root span has been
+    Agents are given both addresses. A trace is decided once its root span has been
     quiet for ``idle_s`` (exporters send the root, which ends last, in the last batch).
     """
 
@@ -117,12 +145,11 @@ class EmbeddedReceiver(TraceSource):
         # The campaign checks trajectories itself, after adding the case's ground truth.
         self.processor = Processor(config, policies=[])
         self.processor.on_decided(lambda decided: self.matcher.offer(decided.trajectory))
-        self.grpc_endpoint: str | None = None
 
     async def start(self) -> None:
         await self.processor.start()
-        self.otlp_endpoint = f"http://127.0.0.1:{self.processor.http_port}"
-        self.grpc_endpoint = f"http://127.0.0.1:{self.processor.grpc_port}"
+        self.endpoints = OtlpEndpoints(f"http://127.0.0.1:{self.processor.grpc_port}",
+                                       f"http://127.0.0.1:{self.processor.http_port}")
 
     async def trajectory(self, trace_id: str, trial_id: str, deadline_s: float) -> Trajectory:
         try:
@@ -130,7 +157,9 @@ class EmbeddedReceiver(TraceSource):
         except TraceMissing:
             spans = self.processor.intake.buffered_spans(trace_id)
             if not spans:
-                raise
+                assert self.endpoints is not None
+                hint = f"the agent must export OTLP to {self.endpoints.describe()}"
+                raise NoSpans(f"no spans arrived for trace {trace_id} within {deadline_s:g}s ({hint})", hint) from None
             # Spans came but the trace never completed: an incomplete (indeterminate) trajectory.
             return build_trajectory(trace_id, list(spans), complete=False, incomplete_reason="max_wait")
 

@@ -48,6 +48,10 @@ class Arm(_Model):
     http: HttpArm | None = None
     command: CommandArm | None = None
     python: PythonArm | None = None
+    # The protocol of the receiver the request's ``otlp_endpoint`` (and a command's
+    # OTEL_EXPORTER_OTLP_ENDPOINT) names; unset: grpc, the OpenTelemetry Python SDK's default.
+    # Unset is left out of the trial identity, so naming it later keeps cached answers.
+    otlp_protocol: Literal["grpc", "http/protobuf"] | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> Arm:

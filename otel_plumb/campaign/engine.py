@@ -20,8 +20,11 @@ from typing import Any
 from otel_plumb import yamlfile
 from otel_plumb.campaign.analysis import arg_key, state_key
 from otel_plumb.campaign.collect import (
+    GRPC,
     EmbeddedReceiver,
     FileSource,
+    NoSpans,
+    OtlpEndpoints,
     TraceMissing,
     TraceSource,
     WatchSource,
@@ -47,9 +50,17 @@ class PlannedTrial:
 @dataclass(slots=True)
 class RunOutcome:
     run_id: str
-    status: str  # "complete", "partial" (a limit stopped it), "interrupted"
+    status: str  # "complete", "partial" (a limit, or an arm whose spans never came, stopped it), "interrupted"
     ran: int
     skipped: int
+    # Arms stopped early, each with what is wrong.
+    stopped_arms: dict[str, str]
+
+
+# An arm whose first trials all answered but not one span of theirs arrived is stopped after
+# this many: the agent exports nowhere or to the wrong place, and every further trial would
+# only wait out the deadline to say so again.
+SILENT_TRIALS = 3
 
 
 def trial_identity(campaign: LoadedCampaign, arm: str, variant: Variant, rep: int) -> str:
@@ -133,7 +144,7 @@ def judge(trajectory: Trajectory, trial: PlannedTrial, policies: Sequence[Compil
 class CampaignRun:
     def __init__(self, campaign: LoadedCampaign, store: Store, *, arms: Sequence[str] | None = None,
                  use_cache: bool = True, progress: Callable[[TrialRow], None] | None = None,
-                 trials: int | None = None) -> None:
+                 trials: int | None = None, notice: Callable[[str], None] | None = None) -> None:
         self.campaign = campaign
         self.store = store
         spec = campaign.spec
@@ -144,6 +155,7 @@ class CampaignRun:
         self.use_cache = use_cache
         self.trials = trials or spec.trials
         self.progress = progress
+        self.notice = notice
         self.cases = {c.id: c for c in load_dataset(campaign.resolve(spec.dataset))}
         self.policies = load_checks(campaign)
 
@@ -200,16 +212,31 @@ class CampaignRun:
             queue.put_nowait(p)
         ran = 0
         status = "complete"
+        silent: dict[str, int] = {}
+        heard: set[str] = set()
+        stopped: dict[str, str] = {}
 
         async def worker() -> None:
             nonlocal ran, status
             while not queue.empty():
                 trial = queue.get_nowait()
+                arm = trial.row.arm
                 if deadline is not None and time.monotonic() > deadline:
                     status = "partial"
                     return
-                await self._trial(run_id, trial, runners[trial.row.arm], source)
+                if arm in stopped:
+                    continue
+                nothing = await self._trial(run_id, trial, runners[arm], source)
                 ran += 1
+                if trial.row.status == "ok":
+                    heard.add(arm)
+                elif nothing is not None and arm not in heard:
+                    silent[arm] = silent.get(arm, 0) + 1
+                    if silent[arm] >= SILENT_TRIALS and arm not in stopped:
+                        stopped[arm] = (f"no spans from arm {arm} after {silent[arm]} trials: {nothing.hint}; "
+                                        f"its other trials were not run")
+                        if self.notice is not None:
+                            self.notice(stopped[arm])
                 if self.progress is not None:
                     self.progress(trial.row)
 
@@ -222,13 +249,15 @@ class CampaignRun:
             for runner in runners.values():
                 await runner.close()
             await source.stop()
-        if limited:
+        if limited or stopped:
             status = "partial"
         self.store.set_status(run_id, status)
-        return RunOutcome(run_id, status, ran, len(planned) - ran)
+        return RunOutcome(run_id, status, ran, len(planned) - ran, stopped)
 
-    async def _trial(self, run_id: str, trial: PlannedTrial, runner: Runner, source: TraceSource) -> None:
+    async def _trial(self, run_id: str, trial: PlannedTrial, runner: Runner, source: TraceSource) -> NoSpans | None:
+        """Run, judge and store one trial; the NoSpans when the agent answered but exported nothing."""
         row = trial.row
+        nothing: NoSpans | None = None
         started = time.perf_counter()
         cached = self.store.cache_get(row.identity) if self.use_cache else None
         record: dict[str, Any] | None = None
@@ -245,7 +274,7 @@ class CampaignRun:
             row.trace_id = trace_id
             ctx = TraceContext(trace_id, secrets.token_hex(8), {
                 CASE_ID: row.case_id, VARIANT_ID: row.variant_id, TRIAL_ID: row.trial_id, ARM: row.arm})
-            request = self.request(trial, source.otlp_endpoint)
+            request = self.request(trial, source.endpoints)
             try:
                 row.answer = await runner(request, ctx) if source.runs_agents else {"output": None, "state": None}
                 trajectory = await source.trajectory(trace_id, row.trial_id, self.campaign.spec.traces.deadline_s)
@@ -258,12 +287,15 @@ class CampaignRun:
                 row.status, row.error = "error", f"agent: {e}"
             except TraceMissing as e:
                 row.status, row.error = "error", f"trace missing: {e}"
+                nothing = e if isinstance(e, NoSpans) else None
         row.duration_ms = (time.perf_counter() - started) * 1000
         self.store.save_trial(run_id, row, record)
+        return nothing
 
-    def request(self, trial: PlannedTrial, otlp_endpoint: str | None) -> dict[str, Any]:
+    def request(self, trial: PlannedTrial, endpoints: OtlpEndpoints | None) -> dict[str, Any]:
         changed = apply_steps(trial.case, trial.variant.steps)
         row = trial.row
+        protocol = self.campaign.spec.arms[row.arm].otlp_protocol or GRPC
         return {
             "protocol": PROTOCOL,
             "campaign": self.campaign.spec.campaign,
@@ -276,5 +308,8 @@ class CampaignRun:
             "extra_tools": changed.extra_tools,
             "faults": changed.faults,
             "temperature": changed.temperature,
-            "otlp_endpoint": otlp_endpoint,
+            "otlp_endpoint": endpoints.for_protocol(protocol) if endpoints else None,
+            "otlp_protocol": protocol if endpoints else None,
+            "otlp_grpc_endpoint": endpoints.grpc if endpoints else None,
+            "otlp_http_endpoint": endpoints.http if endpoints else None,
         }

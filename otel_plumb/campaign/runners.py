@@ -93,10 +93,14 @@ class CommandRunner:
 
     async def __call__(self, request: dict[str, Any], ctx: TraceContext) -> dict[str, Any]:
         env = {**os.environ, **self.spec.env, "TRACEPARENT": ctx.traceparent, "BAGGAGE": ctx.baggage}
-        endpoint = request.get("otlp_endpoint")
-        if endpoint:
+        endpoint, protocol = request.get("otlp_endpoint"), request.get("otlp_protocol")
+        if endpoint and protocol:
             env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
-            env["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf"
+            env["OTEL_EXPORTER_OTLP_PROTOCOL"] = protocol
+            # The per-signal variables win over the general ones in every SDK: one left in the
+            # environment would send the trial's spans elsewhere.
+            for name in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"):
+                env.pop(name, None)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.spec.argv, cwd=self.folder, env=env, stdin=asyncio.subprocess.PIPE,

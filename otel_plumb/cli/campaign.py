@@ -147,7 +147,8 @@ def run(campaign_file: str, arms: tuple[str, ...], store_path: str | None, json_
 
     loaded = _load(campaign_file)
     store = _store(store_path)
-    runner = _campaign_run(loaded, store, arms=arms or None, use_cache=not fresh, progress=_progress(quiet))
+    runner = _campaign_run(loaded, store, arms=arms or None, use_cache=not fresh, progress=_progress(quiet),
+                           notice=lambda text: click.echo(f"\n{text}", err=True))
     from otel_plumb.campaign.store import RunNotFound
 
     def interrupted(_signum: int, _frame: object) -> None:
@@ -172,6 +173,11 @@ def run(campaign_file: str, arms: tuple[str, ...], store_path: str | None, json_
     report = build_report(store, store.run(outcome.run_id))
     _write(report, json_out, html_out, junit_out, store)
     _summary(report)
+    if outcome.stopped_arms:
+        # Said again last, where it is seen: the run could not be done for these arms.
+        for text in outcome.stopped_arms.values():
+            click.echo(f"error: {text}", err=True)
+        sys.exit(2)
     _gate_exit(report)
 
 
