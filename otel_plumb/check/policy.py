@@ -18,6 +18,7 @@ from otel_plumb.check.source import LocatedYaml, read_located
 from otel_plumb.check.values import MISSING, lookup, parse_path
 from otel_plumb.model import Severity, Step, Trajectory, Verdict
 from otel_plumb.model.trajectory import DATA_LOST, UNRECOGNISED_SPANS
+from otel_plumb.redact.config import RedactionRules
 
 GUARD_VARIABLES = ("ctx", "steps", "trajectory")
 ARG_VARIABLES = ("args", "result", "ctx", "step", "steps", "trajectory")
@@ -244,8 +245,11 @@ class CompiledPolicy:
         context_prefix: str,
         task_attribute: str | None,
         context_file: dict[str, dict[str, Any]] | None,
+        redaction: RedactionRules | None = None,
     ) -> None:
         self.name = name
+        # What this policy adds to the redaction of what is emitted about its trajectories.
+        self.redaction = redaction
         self.path = path
         self.invariants = invariants
         self._applies = applies
@@ -438,6 +442,7 @@ def _compile(doc: LocatedYaml, spec: sc.PolicyFile) -> CompiledPolicy:
         context_prefix=spec.context.attributes_prefix if spec.context is not None else "plumb.context.",
         task_attribute=spec.task.attribute if spec.task is not None else None,
         context_file=context_file,
+        redaction=spec.redaction,
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from otel_plumb.model import Severity
+from otel_plumb.redact.config import RedactionRules
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
 ToolRef = str | list[str]
@@ -181,4 +182,6 @@ class PolicyFile(_Model):
     applies_to: AppliesTo | None = None
     task: TaskSpec | None = None
     context: ContextSpec | None = None
+    # Added to the processor's redaction rules for the trajectories this policy applies to.
+    redaction: RedactionRules | None = None
     invariants: list[Invariant] = Field(min_length=1)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from otel_plumb.model import Trajectory, Verdict
@@ -115,6 +116,40 @@ def annotate(
             event.name = VIOLATION_EVENT
             event.time_unix_nano = span.end_time_unix_nano or span.start_time_unix_nano
             event.attributes.extend(to_key_values(violation_event_attributes(v, max_chars)))
+
+
+def redact_span(span: Span, text: Callable[[str], str]) -> None:
+    """Every string the span carries (attributes, event and link attributes, the status message)
+    passed through ``text``, in place: the span forwarded with ``redact_forwarded``. Names, ids,
+    times and the resource (shared by the request's spans) are kept."""
+    for kv in span.attributes:
+        _redact_value(kv.value, text, 0)
+    for event in span.events:
+        for kv in event.attributes:
+            _redact_value(kv.value, text, 0)
+    for link in span.links:
+        for kv in link.attributes:
+            _redact_value(kv.value, text, 0)
+    if span.status.message:
+        span.status.message = text(span.status.message)
+
+
+# Deeper values than this are cleared: nothing forwarded is left unscanned.
+_MAX_VALUE_DEPTH = 64
+
+
+def _redact_value(value: AnyValue, text: Callable[[str], str], depth: int) -> None:
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        value.string_value = text(value.string_value)
+    elif depth >= _MAX_VALUE_DEPTH and kind in ("array_value", "kvlist_value"):
+        value.string_value = "[redacted: nested too deep]"
+    elif kind == "array_value":
+        for item in value.array_value.values:
+            _redact_value(item, text, depth + 1)
+    elif kind == "kvlist_value":
+        for kv in value.kvlist_value.values:
+            _redact_value(kv.value, text, depth + 1)
 
 
 def encode_requests(

@@ -22,6 +22,7 @@ from otel_plumb import yamlfile
 from otel_plumb.configtypes import Bytes, ConfigModel, Seconds, parse_hostport
 from otel_plumb.export.config import ExportersConfig, MetricsConfig, VerdictLogConfig
 from otel_plumb.receive.config import ReceiversConfig
+from otel_plumb.redact.config import RedactionConfig
 
 
 class ConfigError(ValueError):
@@ -68,6 +69,9 @@ class ProcessorConfig(ConfigModel):
     verdict_log: VerdictLogConfig = VerdictLogConfig()
     logging: LoggingConfig = LoggingConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
+    # What leaves the processor (annotations, events, verdict log, Watch, forwarded spans when
+    # asked), with secrets masked, hashed, cut or dropped; checks run on the real values.
+    redaction: RedactionConfig | None = None
 
 
 def is_loopback(host: str) -> bool:

@@ -3,6 +3,8 @@
 The processor hands every batch of decisions (final verdicts of finished trajectories, and
 early failures of trajectories still in flight) to each consumer in turn: metrics, log lines,
 the verdict log, the Watch hub, callbacks (campaigns, the demo, tests) and the OTLP export.
+What leaves the process (log lines, the verdict log, Watch, the export) reads ``emitted``, the
+decision after redaction; callbacks run in the process and get the real values.
 """
 
 from __future__ import annotations
@@ -35,13 +37,20 @@ class Decision:
     latency_s: float = 0.0
     # Failures not already reported early (so each violation is counted once).
     new_failures: list[Verdict] = field(default_factory=list)
+    # The decision as it may leave the process (set by the processor when redaction is configured).
+    redacted: Decided | None = None
     _record: dict[str, Any] | None = None
 
     @property
+    def emitted(self) -> Decided:
+        return self.decided if self.redacted is None else self.redacted
+
+    @property
     def record(self) -> dict[str, Any]:
-        """The JSON record, built once for every consumer that needs it (it costs as much as a check)."""
+        """The JSON record of ``emitted``, built once for every consumer that needs it (it costs
+        as much as a check)."""
         if self._record is None:
-            self._record = decided_record(self.decided)
+            self._record = decided_record(self.emitted)
         return self._record
 
 
@@ -76,7 +85,7 @@ class LogConsumer:
 
     async def consume(self, decisions: Sequence[Decision]) -> None:
         for d in decisions:
-            decided = d.decided
+            decided = d.emitted
             t = decided.trajectory
             who = t.trace_id if t.key == t.trace_id else f"{t.key} (trace {t.trace_id})"
             if decided.decision == "early":

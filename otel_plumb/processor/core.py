@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -30,7 +31,14 @@ from otel_plumb import tls
 from otel_plumb.assemble import AddOutcome, AssemblyLimits, Finished, build_trajectory
 from otel_plumb.check import CompiledPolicy, decide, load_policies
 from otel_plumb.configtypes import parse_hostport
-from otel_plumb.export.annotate import Origin, Payload, annotate, encode_requests, verdict_span_request
+from otel_plumb.export.annotate import (
+    Origin,
+    Payload,
+    annotate,
+    encode_requests,
+    redact_span,
+    verdict_span_request,
+)
 from otel_plumb.export.metrics import Metrics, metrics_app
 from otel_plumb.export.otlp import OtlpExporter, StorageError
 from otel_plumb.export.verdict_log import VerdictLog
@@ -51,6 +59,7 @@ from otel_plumb.ratelimit import RateLimitedLog
 from otel_plumb.receive import auth, connections, grpc_server, http_server
 from otel_plumb.receive.otlp import attributes, span_record
 from otel_plumb.receive.sink import IngestResult, Throttled
+from otel_plumb.redact import Redaction, RedactionConfig, Scrub
 from otel_plumb.tls import TLSServerConfig
 from otel_plumb.watch import VerdictHub
 
@@ -101,6 +110,14 @@ class Processor:
         self._batch_bytes = config.exporters.otlp.queue.max_batch_bytes if config.exporters.otlp else None
         self._annotation_chars = config.exporters.otlp.max_annotation_chars if config.exporters.otlp else 1024
         self._verdict_log = VerdictLog(config.verdict_log.path) if config.verdict_log.path else None
+        self.redaction = redaction_of(config.redaction, self.policies)
+        forwarded = config.redaction is not None and config.redaction.redact_forwarded
+        self._redact_forwarded = self.redaction is not None and forwarded
+        # Spans forwarded before their trajectory is known (passthrough, late, unchecked): the
+        # global patterns only.
+        self._forward_scrub = (
+            self.redaction.redactor(()).scrub() if self.redaction is not None and forwarded else None
+        )
         self._callbacks = CallbackConsumer()
         # Every decision goes to each of these, in order: counted, logged, recorded, streamed,
         # handed to callbacks, exported.
@@ -387,6 +404,8 @@ class Processor:
                         # Passthrough: forwarded as received before anything else (resent spans
                         # left out); the verdict follows.
                         forward = self._without_resent(request)
+                        if self._forward_scrub is not None:
+                            forward = _redacted_request(forward or request, self._forward_scrub)
                         if forward is not None:
                             await self.exporter.submit([(forward.SerializeToString(), _span_count(forward))])
                         else:
@@ -531,6 +550,9 @@ class Processor:
                     await self._consume(early)
                 if finished:
                     await self._decide(finished)
+        if self._forward_scrub is not None and self._annotate:
+            for payload in (*late, *unchecked):
+                redact_span(payload[0], self._forward_scrub.text)
         if late and self._annotate:
             await self._submit(late)
         if unchecked and self._annotate:
@@ -629,6 +651,9 @@ class Processor:
             )  # fmt: skip
 
     async def _consume(self, decisions: list[Decision]) -> None:
+        if self.redaction is not None:
+            for d in decisions:
+                d.redacted = self.redaction.decided(d.decided)
         # One failing consumer (the verdict log on a full disk) must not keep the decisions from
         # the others, the export above all: counted, logged at a bounded rate, and skipped.
         for consumer in self.consumers:
@@ -789,10 +814,14 @@ class _ExportConsumer:
         out: list[Payload] = []
         verdict_spans: list[ExportTraceServiceRequest] = []
         for d in decisions:
-            decided = d.decided
+            decided = d.emitted
             if decided.decision != "final":
                 continue
             t = decided.trajectory
+            if p._redact_forwarded and p.redaction is not None:
+                scrub = p.redaction.redactor(decided.policies).scrub(d.decided.trajectory)
+                for payload in d.payloads:
+                    redact_span(payload[0], scrub.text)
             if p._annotate:
                 annotate(d.payloads, t, decided.status, decided.policies, decided.verdicts, p._annotation_chars)
                 out.extend(d.payloads)
@@ -811,6 +840,27 @@ def _held_bytes(span: Span) -> int:
     decoded values (about as much again) and the allocator's share (measured: an 8 MiB span
     held about 23 MiB of RSS), plus the objects around a small span."""
     return 3 * span.ByteSize() + 1024
+
+
+def redaction_of(config: RedactionConfig | None, policies: Sequence[CompiledPolicy]) -> Redaction | None:
+    """The redaction of what the processor emits, from its ``redaction`` section and the
+    policies' own; None when neither has a rule. Without ``hash_key`` a random key is used, so
+    hashed values compare equal within one run only."""
+    key = config.hash_key.encode() if config is not None and config.hash_key else secrets.token_bytes(32)
+    redaction = Redaction(config, {p.name: p.redaction for p in policies}, key)
+    return redaction if redaction.configured else None
+
+
+def _redacted_request(request: ExportTraceServiceRequest, scrub: Scrub) -> ExportTraceServiceRequest:
+    """A copy of ``request`` with every span's strings scrubbed (the received one is kept
+    as it came: it is what the checks read)."""
+    copy = ExportTraceServiceRequest()
+    copy.CopyFrom(request)
+    for rs in copy.resource_spans:
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                redact_span(span, scrub.text)
+    return copy
 
 
 def _span_count(request: ExportTraceServiceRequest) -> int:
