@@ -11,6 +11,13 @@ calls, names and outcomes only, so that spans of it arriving later can still be 
 failures they alone can prove (a forbidden call, one call too many). Eviction is fair between
 services: the trace let go is the oldest of the service holding the most traces, so one
 service's flood evicts its own traces, not another's.
+
+Cost: ``add`` is O(1) per span. The timers are queues already in deadline order (every trace
+has the same idle_timeout and max_wait, so activity order and first-seen order are deadline
+order), so ``due`` walks only the traces that are due: O(traces due + traces newly idle) per
+tick, never O(traces in flight). A trace idle without a root that is not one tree cannot
+become ready until a span of it arrives, so once looked at it is parked out of the activity
+queue (its max_wait still applies) and a span of it puts it back.
 """
 
 from __future__ import annotations
@@ -232,9 +239,11 @@ class Assembler:
         self.limits = limits or AssemblyLimits()
         self._traces: dict[str, _TraceBuffer] = {}  # insertion order = first seen
         self._by_activity: OrderedDict[str, None] = OrderedDict()  # least recently active first
+        # Idle, without a root and not one tree: not ready until a span of theirs arrives.
+        self._parked: dict[str, None] = {}
         self._decided: OrderedDict[str, _DecidedTrace] = OrderedDict()  # oldest decision first
         self._decided_spans = 0
-        self._sessions: dict[str, _SessionBuffer] = {}
+        self._sessions: OrderedDict[str, _SessionBuffer] = OrderedDict()  # least recently active first
         self._services = _Services()
         self.spans_buffered = 0
         # Bytes held by buffered spans (trace buffers and sessions not yet let go).
@@ -321,7 +330,11 @@ class Assembler:
             self._services.add(buf.service, tid)
         else:
             buf.last_seen = now
-            self._by_activity.move_to_end(tid)
+            if tid in self._parked:
+                del self._parked[tid]
+                self._by_activity[tid] = None
+            else:
+                self._by_activity.move_to_end(tid)
         buf.fingerprints[span.span_id] = fingerprint
         if len(buf.spans) >= self.limits.max_spans_per_trace:
             buf.over_limit = True
@@ -338,18 +351,25 @@ class Assembler:
         return AddOutcome.ACCEPTED, evicted
 
     def due(self, now: float) -> list[Finished]:
-        """Traces whose root has ended and that were idle for idle_timeout, and traces past max_wait."""
+        """Traces whose root has ended and that were idle for idle_timeout, and traces past max_wait.
+        O(traces due + traces newly idle): see the module docstring."""
         out: list[Finished] = []
         idle = self.limits.idle_timeout_s
         # Both orders put the traces due first: walk them up to the first that is not, and
-        # finish after walking (no copy of every buffered trace's id per call).
+        # finish (or park) after walking.
         ready: list[_TraceBuffer] = []
+        waiting: list[str] = []
         for tid in self._by_activity:
             buf = self._traces[tid]
             if now - buf.last_seen < idle:
                 break
             if buf.has_root or buf.single_tree():
                 ready.append(buf)
+            else:
+                waiting.append(tid)
+        for tid in waiting:
+            del self._by_activity[tid]
+            self._parked[tid] = None
         for buf in ready:
             out.extend(self._finish(buf.trace_id, now, complete=not buf.over_limit, reason="span_limit"))
         expired: list[str] = []
@@ -385,7 +405,8 @@ class Assembler:
         self, tid: str, now: float, *, complete: bool, reason: str, evicted: str | None = None
     ) -> list[Finished]:
         buf = self._traces.pop(tid)
-        del self._by_activity[tid]
+        if self._by_activity.pop(tid, self) is self:
+            del self._parked[tid]
         self._services.remove(buf.service, tid)
         self.spans_buffered -= len(buf.spans)
         tombstone: Tombstone | None = None
@@ -416,6 +437,7 @@ class Assembler:
                 session = self._sessions[buf.session_id] = _SessionBuffer(now)
             session.parts.append(done)
             session.last_seen = now
+            self._sessions.move_to_end(buf.session_id)
             return []  # its bytes stay held until the session is let go
         self.bytes_buffered -= buf.size
         return [done]
@@ -437,10 +459,12 @@ class Assembler:
 
     def _due_sessions(self, now: float) -> list[Finished]:
         timeout = self.limits.session_idle_timeout_s
-        return [
-            self._emit_session(key, now)
-            for key in [k for k, s in self._sessions.items() if now - s.last_seen >= timeout]
-        ]
+        due: list[str] = []
+        for key, session in self._sessions.items():  # least recently active first
+            if now - session.last_seen < timeout:
+                break
+            due.append(key)
+        return [self._emit_session(key, now) for key in due]
 
     def _emit_session(self, key: str, now: float) -> Finished:
         parts = self._sessions.pop(key).parts
