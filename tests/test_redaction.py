@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from otel_plumb.check import CompiledPolicy, decide, load_policy
 from otel_plumb.check.errors import PolicyError
 from otel_plumb.model import Decided, Step, Trajectory, Verdict
-from otel_plumb.redact import Redaction, RedactionConfig, Redactor, RedactionRules
+from otel_plumb.redact import Redaction, RedactionConfig, RedactionRules, Redactor
 from otel_plumb.redact.patterns import luhn_ok
 from otel_plumb.report import html, junit
 from otel_plumb.report.json_report import build_report, report_body

@@ -1,0 +1,156 @@
+"""Redaction on a running processor: an agent sends secrets over the real OTLP exporter, and no
+secret appears in anything the processor emits (annotations and violation events, the verdict
+log, the Watch stream, log lines, /metrics), while the verdicts are those of the real values.
+The forwarded spans keep their own attributes unless ``redact_forwarded`` is set."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+import grpc
+import pytest
+from opentelemetry.trace import Status, StatusCode
+from test_export_faults import FakeBackend
+from test_live_support import agent_provider, config, scrape, wait_until
+
+from otel_plumb.model import Decided
+from otel_plumb.processor import Processor
+from otel_plumb.proto_gen import watch_pb2, watch_pb2_grpc
+
+DEADLINE = 20.0
+CARD = "4111111111111111"
+SECRETS = {
+    "email": "jane.roe@example.com",
+    "card": CARD,
+    "key": "sk-live-SECRET-42",
+    "bearer": "Bearer abcdefghijklmnop",
+    "path": "CARDREF-0042-7781",  # matches no pattern: only the path rule finds it
+}
+
+POLICY = """\
+policy: refunds
+invariants:
+  - id: refund-to-known-card
+    severity: critical
+    arg_equals: {tool: refund, arg: card.number, step: {tool: lookup, result: card.number}}
+  - id: small-refunds
+    severity: medium
+    arg_satisfies: {tool: refund, expr: "args.amount < 100"}
+  - id: note-plain
+    severity: low
+    arg_matches: {tool: refund, arg: note, regex: "^[a-z ]*$"}
+"""
+
+REDACTION = {
+    "hash_key": "0123456789abcdef0123456789abcdef",
+    "patterns": ["email", "card_number", "api_key", {"name": "bearer_token", "action": "hash"}],
+    "paths": [{"path": "card.number", "action": "hash"}],
+}
+
+
+def send_agent_traffic(port: int) -> None:
+    """One run: a lookup returns the customer's card reference; the refund goes to another card
+    with a note quoting an email and an API key; a notification fails with a bearer token in
+    its error."""
+    provider, _ = agent_provider(port)
+    tracer = provider.get_tracer("refund-agent")
+    with tracer.start_as_current_span("invoke_agent refunds") as root:
+        root.set_attribute("gen_ai.operation.name", "invoke_agent")
+        root.set_attribute("gen_ai.agent.name", "refunds")
+        with tracer.start_as_current_span("execute_tool lookup") as span:
+            span.set_attribute("gen_ai.operation.name", "execute_tool")
+            span.set_attribute("gen_ai.tool.name", "lookup")
+            span.set_attribute("gen_ai.tool.call.arguments", json.dumps({"email": SECRETS["email"]}))
+            span.set_attribute("gen_ai.tool.call.result", json.dumps({"card": {"number": SECRETS["path"]}}))
+        with tracer.start_as_current_span("execute_tool refund") as span:
+            span.set_attribute("gen_ai.operation.name", "execute_tool")
+            span.set_attribute("gen_ai.tool.name", "refund")
+            args = {"card": {"number": CARD}, "amount": 500, "note": f"mail {SECRETS['email']} key {SECRETS['key']}"}
+            span.set_attribute("gen_ai.tool.call.arguments", json.dumps(args))
+        with tracer.start_as_current_span("execute_tool notify") as span:
+            span.set_attribute("gen_ai.operation.name", "execute_tool")
+            span.set_attribute("gen_ai.tool.name", "notify")
+            span.set_status(Status(StatusCode.ERROR, f"gateway said: {SECRETS['bearer']} expired"))
+    provider.force_flush()
+    provider.shutdown()
+
+
+def found_secrets(data: bytes | str) -> list[str]:
+    raw = data.encode() if isinstance(data, str) else data
+    return [name for name, secret in SECRETS.items() if secret.encode() in raw]
+
+
+@pytest.mark.parametrize("redact_forwarded", [False, True])
+async def test_no_secret_leaves_a_running_processor(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, redact_forwarded: bool
+) -> None:
+    policy = tmp_path / "refunds.yaml"
+    policy.write_text(POLICY)
+    backend = FakeBackend()
+    endpoint = await backend.start()
+    redaction = {**REDACTION, "redact_forwarded": redact_forwarded}
+    processor = Processor(config(tmp_path, endpoint, policies=[str(policy)], redaction=redaction))
+    decided: list[Decided] = []
+    processor.on_decided(decided.append)
+    caplog.set_level(logging.DEBUG, logger="otel_plumb")
+    await processor.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{processor.grpc_port}")
+    watched: list[bytes] = []
+    try:
+        watch = watch_pb2_grpc.VerdictServiceStub(channel).Watch(watch_pb2.WatchRequest(), timeout=DEADLINE)
+        await watch.initial_metadata()
+
+        async def read_watch() -> None:
+            async for message in watch:
+                watched.append(message.SerializeToString())
+
+        reader = asyncio.create_task(read_watch())
+        await asyncio.to_thread(send_agent_traffic, processor.grpc_port or 0)
+        await wait_until(lambda: len(decided) == 1, DEADLINE, "the trajectory decided")
+        await wait_until(lambda: len(backend.spans) == 4, DEADLINE, "the spans forwarded")
+        await wait_until(lambda: bool(watched), DEADLINE, "the Watch stream")
+        metrics_text = await asyncio.to_thread(scrape, processor.metrics_port or 0)
+        reader.cancel()
+    finally:
+        await channel.close()
+        await processor.stop()
+        await backend.stop()
+
+    # The checks ran on the real values: both cards differ, the amount is too big, the note
+    # has more than letters; the decision handed on inside the process still holds them.
+    real = decided[0]
+    assert {v.invariant for v in real.failures} == {"refund-to-known-card", "small-refunds", "note-plain"}
+    assert real.trajectory.steps[2].args["card"]["number"] == CARD
+
+    verdict_log = (tmp_path / "verdicts.jsonl").read_text()
+    record = json.loads(verdict_log.splitlines()[-1])
+    assert [(v["invariant"], v["verdict"]) for v in record["verdicts"]] == [
+        (v.invariant, v.verdict) for v in real.verdicts
+    ]
+    log_text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "refund-to-known-card" in log_text  # the violation is logged, its values redacted
+
+    annotations = b""
+    forwarded = b""
+    for span in backend.spans.values():
+        annotations += b"".join(a.SerializeToString() for a in span.attributes if a.key.startswith("plumb."))
+        annotations += b"".join(e.SerializeToString() for e in span.events if e.name == "plumb.violation")
+        forwarded += span.SerializeToString()
+    assert b"plumb.violation" in annotations
+    for where, data in {
+        "annotations": annotations, "verdict log": verdict_log, "watch": b"".join(watched),
+        "log lines": log_text, "metrics": metrics_text,
+    }.items():  # fmt: skip
+        assert found_secrets(data) == [], f"secrets in the {where}"
+    # The hashed card is the same token everywhere it is emitted.
+    token = record["steps"][2]["args"]["card"]["number"]
+    assert token.startswith("[hmac:") and token.encode() in annotations
+
+    if redact_forwarded:
+        assert found_secrets(forwarded) == []
+    else:  # forwarded untouched apart from the annotations
+        assert set(found_secrets(forwarded)) == set(SECRETS)
+
