@@ -10,7 +10,7 @@ import os
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,7 +90,9 @@ class CA:
         where.mkdir(parents=True, exist_ok=True)
         self.file.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, name: str, where: Path, server: bool) -> Issued:
+    def issue(self, name: str, where: Path, server: bool, alt_names: Sequence[x509.GeneralName] = ()) -> Issued:
+        """A certificate with common name ``name``; a server's has 127.0.0.1 and localhost as
+        subjectAltName, a client's ``alt_names`` if any."""
         key = _key()
         now = datetime.datetime.now(datetime.UTC)
         builder = (
@@ -117,6 +119,8 @@ class CA:
                 ),
                 critical=False,
             )
+        elif alt_names:
+            builder = builder.add_extension(x509.SubjectAlternativeName(list(alt_names)), critical=False)
         return _write(where, key, builder.sign(self.key, hashes.SHA256()))
 
 

@@ -10,8 +10,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from otel_plumb.configtypes import Bytes, ConfigModel, Seconds, check_hostport, parse_hostport
-from otel_plumb.receive.auth import AuthConfig
-from otel_plumb.tls import TLSClientConfig, TLSServerConfig
+from otel_plumb.receive.config import ListenerConfig
+from otel_plumb.tls import TLSClientConfig
 
 
 class RetryConfig(ConfigModel):
@@ -86,7 +86,7 @@ class ExportersConfig(ConfigModel):
     otlp: OtlpExporterConfig | None = None
 
 
-class MetricsConfig(ConfigModel):
+class MetricsConfig(ListenerConfig):
     # Empty string: no metrics endpoint.
     endpoint: str = "127.0.0.1:9464"
     # Distinct values kept per label before new ones are folded into "__overflow__".
@@ -95,12 +95,7 @@ class MetricsConfig(ConfigModel):
     max_label_length: int = Field(default=128, ge=8)
     # Series kept per metric; past it, new label combinations go to one all-"__overflow__" series.
     max_series: int = Field(default=10_000, ge=1)
-    # Bearer tokens required for /metrics (and /healthz, /readyz with auth.protect_health).
-    auth: AuthConfig | None = None
-    # Allow a non-loopback endpoint without TLS and without auth.
-    insecure: bool = False
-    # TLS (mTLS with client_ca_file); none: plaintext.
-    tls: TLSServerConfig | None = None
+    # auth covers /metrics, and /healthz and /readyz too with auth.protect_health.
 
     @field_validator("endpoint")
     @classmethod

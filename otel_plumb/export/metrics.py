@@ -140,12 +140,14 @@ class Metrics:
             "plumb_queue_reset", "Corrupt queue files moved aside for a fresh queue.", registry=r
         )
         # Not in the fixed SPEC set: refused attempts on authenticated listeners, and spans by
-        # the tenant of the token they came with (receive.auth).
+        # the tenant of the credential they came with (receive.auth).
         self.auth_failures = counter(
-            "plumb_auth_failures", "Requests refused for a missing or invalid bearer token.", ["listener", "reason"]
+            "plumb_auth_failures",
+            "Requests refused for missing or invalid credentials (bearer token, client certificate).",
+            ["listener", "reason"],
         )
         self.tenant_spans_received = counter(
-            "plumb_tenant_spans_received", "Spans accepted with a token of this tenant.", ["tenant"]
+            "plumb_tenant_spans_received", "Spans accepted with a credential of this tenant.", ["tenant"]
         )
         self._pending: dict[tuple[_Capped[Counter], tuple[str | None, ...]], list[Any]] = {}
         for reason in ("malformed", "export_rejected"):

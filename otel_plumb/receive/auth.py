@@ -1,4 +1,5 @@
-"""Bearer-token authentication for the listeners, as the Collector's ``bearertokenauth`` does it.
+"""Authentication for the listeners: bearer tokens, as the Collector's ``bearertokenauth`` does
+it, and client-certificate identities on mTLS listeners.
 
 One ``auth`` block, the same on ``receivers.grpc`` (OTLP Export and Watch), ``receivers.http`` and
 ``metrics``::
@@ -8,25 +9,34 @@ One ``auth`` block, the same on ``receivers.grpc`` (OTLP Export and Watch), ``re
         - token: ${env:PLUMB_TOKEN}
           tenant: team-a
         - token_file: /var/run/secrets/plumb/token   # re-read when it changes
+      client_certificates:                           # needs the listener's tls.client_ca_file
+        - uri: spiffe://example.org/ns/team-b/*
+          tenant: team-b
       protect_health: false                          # metrics only: /healthz, /readyz open
 
 Several tokens are accepted at once, so one can be rotated while the other is in use. A token
-is compared in constant time against every configured token. A failed attempt is refused
-(gRPC UNAUTHENTICATED, HTTP 401 with ``WWW-Authenticate: Bearer``), reported through
-``on_failure(listener, reason)`` with reason ``missing`` or ``invalid``, and logged at a rate
-limit with the listener and the peer, never with the token or the header.
+is compared in constant time against every configured token. A request that carries no token
+(or whose listener takes no tokens) is accepted when its TLS client certificate, already
+verified against ``client_ca_file`` in the handshake, matches a ``client_certificates`` entry.
+A failed attempt is refused (gRPC UNAUTHENTICATED, HTTP 401 with ``WWW-Authenticate: Bearer``),
+reported through ``on_failure(listener, reason)`` with reason ``missing``, ``invalid`` (a token
+matching none) or ``certificate`` (no token, and a certificate matching no entry), and logged at
+a rate limit with the listener and the peer, never with the token or the header.
 
-The tenant of the matching token, when it has one, is set in :data:`TENANT` for the rest of
-the request: the processor puts it on the request's spans as ``plumb.tenant``.
+The tenant of the matching token or certificate entry, when it has one, is set in
+:data:`TENANT` for the rest of the request: the processor puts it on the request's spans as
+``plumb.tenant``.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hmac
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -62,12 +72,61 @@ class BearerToken(BaseModel):
         return self
 
 
+class ClientCertificate(BaseModel):
+    """Verified client certificates this entry accepts: every pattern given must match (globs:
+    ``*`` any run of characters, dots and slashes included, ``?`` one, ``[...]`` a set)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The subject's common name (case-sensitive).
+    common_name: str | None = Field(default=None, min_length=1)
+    # One of the DNS names of the subjectAltName (case-insensitive, as DNS is).
+    dns_name: str | None = Field(default=None, min_length=1)
+    # One of the URIs of the subjectAltName, e.g. a SPIFFE ID (case-sensitive).
+    uri: str | None = Field(default=None, min_length=1)
+    tenant: str | None = Field(default=None, min_length=1, max_length=128)
+
+    @model_validator(mode="after")
+    def _some_pattern(self) -> ClientCertificate:
+        if self.common_name is None and self.dns_name is None and self.uri is None:
+            raise ValueError("each client certificate entry needs common_name, dns_name or uri")
+        return self
+
+    def matches(self, peer: PeerIdentity) -> bool:
+        if self.common_name is not None and not _any_match(peer.common_names, self.common_name):
+            return False
+        if self.dns_name is not None and not _any_match((n.lower() for n in peer.dns_names), self.dns_name.lower()):
+            return False
+        return self.uri is None or _any_match(peer.uris, self.uri)
+
+
+def _any_match(names: Iterable[str], pattern: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for name in names)
+
+
 class AuthConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    bearer_tokens: list[BearerToken] = Field(min_length=1)
+    bearer_tokens: list[BearerToken] = Field(default_factory=list)
+    # Client-certificate identities accepted without a token; the listener needs tls.client_ca_file.
+    client_certificates: list[ClientCertificate] = Field(default_factory=list)
     # On the metrics listener: also require a token for /healthz and /readyz (probes then need it).
     protect_health: bool = False
+
+    @model_validator(mode="after")
+    def _some_credential(self) -> AuthConfig:
+        if not self.bearer_tokens and not self.client_certificates:
+            raise ValueError("auth needs bearer_tokens, client_certificates or both")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class PeerIdentity:
+    """The names of a TLS client's verified certificate."""
+
+    common_names: tuple[str, ...] = ()
+    dns_names: tuple[str, ...] = ()
+    uris: tuple[str, ...] = ()
 
 
 class _FileToken:
@@ -104,7 +163,7 @@ class _FileToken:
 
 
 class Authenticator:
-    """Checks ``Authorization: Bearer <token>`` values for one listener."""
+    """Checks ``Authorization: Bearer <token>`` values and client certificates for one listener."""
 
     def __init__(
         self, config: AuthConfig, listener: str, on_failure: Callable[[str, str], None] | None = None
@@ -136,16 +195,37 @@ class Authenticator:
                 found = tenant
         return found
 
+    def _token_counts(self, header: str | None) -> bool:
+        """Whether the request is judged by its token: it has one and the listener takes tokens.
+        A listener taking only certificates ignores an Authorization header meant for elsewhere."""
+        return bool(header) and bool(self._entries)
+
+    def authenticate(self, header: str | None, peer: PeerIdentity | None) -> str | None:
+        """The tenant ("" for none) of the request's token or, without one, of the first
+        ``client_certificates`` entry its verified certificate matches; None: refuse."""
+        if self._token_counts(header):
+            return self.tenant_of(header)
+        if peer is not None:
+            for entry in self.config.client_certificates:
+                if entry.matches(peer):
+                    return entry.tenant or ""
+        return None
+
     def refused(self, header: str | None, peer: str | None) -> None:
         """Count and log (rate-limited) a refused attempt; the header is only looked at to say
         whether it was there."""
-        reason = "missing" if not header else "invalid"
+        if self._token_counts(header):
+            reason, what = "invalid", "invalid bearer token"
+        elif self.config.client_certificates:
+            reason, what = "certificate", "no bearer token, and a client certificate matching no allowed identity"
+        else:
+            reason, what = "missing", "missing bearer token"
         if self._on_failure is not None:
             self._on_failure(self.listener, reason)
         _failure_log.warning(
             f"auth:{self.listener}:{reason}",
-            "refused an unauthenticated request on %s from %s: %s bearer token",
-            self.listener, peer or "unknown peer", reason,
+            "refused an unauthenticated request on %s from %s: %s",
+            self.listener, peer or "unknown peer", what,
         )  # fmt: skip
 
 
@@ -159,6 +239,20 @@ def _metadata_value(metadata: Any, key: str) -> str | None:
     return None
 
 
+def grpc_peer(context: grpc.aio.ServicerContext[Any, Any]) -> PeerIdentity | None:
+    """The verified client certificate's names from the call's auth context (gRPC puts them
+    there only for a certificate that passed the handshake); None without one."""
+    props = context.auth_context()
+
+    def names(key: str) -> tuple[str, ...]:
+        return tuple(v.decode("utf-8", "replace") for v in props.get(key, ()))
+
+    common_names = names("x509_common_name")
+    if not common_names and "x509_subject" not in props:
+        return None
+    return PeerIdentity(common_names, names("peer_dns"), names("peer_uri"))
+
+
 if TYPE_CHECKING:  # generic in the stubs only
     _Interceptor = grpc.aio.ServerInterceptor[Any, Any]
 else:
@@ -167,7 +261,8 @@ else:
 
 class GrpcAuthInterceptor(_Interceptor):
     """Every method of the server (OTLP Export, Watch) requires the bearer token in the
-    ``authorization`` metadata; without it the call ends UNAUTHENTICATED before the method runs."""
+    ``authorization`` metadata or an accepted client certificate; otherwise the call ends
+    UNAUTHENTICATED before the method runs."""
 
     def __init__(self, authenticator: Authenticator) -> None:
         self._auth = authenticator
@@ -178,61 +273,68 @@ class GrpcAuthInterceptor(_Interceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any]:
         header = _metadata_value(handler_call_details.invocation_metadata, "authorization")
-        tenant = self._auth.tenant_of(header)
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
+        return _guarded(handler, self._auth, header)
+
+
+def _guarded(
+    handler: grpc.RpcMethodHandler[Any, Any], auth: Authenticator, header: str | None
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """``handler`` behind the credential check, which needs the call's context (the peer's
+    certificate is not in the call details); :data:`TENANT` set while the method runs. A single
+    request is taken as bytes and decoded only once the call is admitted."""
+
+    async def admit(context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        tenant = auth.authenticate(header, grpc_peer(context))
         if tenant is None:
-            return self._deny(handler, header)
-        return _with_tenant(handler, tenant)
-
-    def _deny(self, handler: grpc.RpcMethodHandler[Any, Any], header: str | None) -> grpc.RpcMethodHandler[Any, Any]:
-        auth = self._auth
-
-        async def abort(context: grpc.aio.ServicerContext[Any, Any]) -> None:
             auth.refused(header, context.peer())
             context.set_trailing_metadata((("www-authenticate", "Bearer"),))
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid credentials")
+        TENANT.set(tenant)
 
-        async def unary(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            await abort(context)
-
-        async def streaming(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            await abort(context)
-            yield  # pragma: no cover - never reached: abort raises
-
-        # The request is not decoded: nothing of it is looked at.
-        if handler.request_streaming and handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(streaming)
-        if handler.request_streaming:
-            return grpc.stream_unary_rpc_method_handler(unary)
-        if handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(streaming)
-        return grpc.unary_unary_rpc_method_handler(unary)
-
-
-def _with_tenant(handler: grpc.RpcMethodHandler[Any, Any], tenant: str) -> grpc.RpcMethodHandler[Any, Any]:
-    """``handler`` with :data:`TENANT` set while its method runs."""
     des, ser = handler.request_deserializer, handler.response_serializer
+
+    def decode(raw: Any) -> Any:
+        return des(raw) if des is not None else raw
+
     if handler.unary_unary is not None:
         inner_uu = handler.unary_unary
 
-        async def unary_unary(request: Any, context: Any) -> Any:
-            TENANT.set(tenant)
-            return await inner_uu(request, context)
+        async def unary_unary(raw: Any, context: Any) -> Any:
+            await admit(context)
+            return await inner_uu(decode(raw), context)
 
-        return grpc.unary_unary_rpc_method_handler(unary_unary, des, ser)
+        return grpc.unary_unary_rpc_method_handler(unary_unary, None, ser)
     if handler.unary_stream is not None:
         inner_us = handler.unary_stream
 
-        async def unary_stream(request: Any, context: Any) -> Any:
-            TENANT.set(tenant)
-            stream: Any = inner_us(request, context)
+        async def unary_stream(raw: Any, context: Any) -> Any:
+            await admit(context)
+            stream: Any = inner_us(decode(raw), context)
             async for item in stream:
                 yield item
 
-        return grpc.unary_stream_rpc_method_handler(unary_stream, des, ser)
-    return handler  # streaming requests: none served today; the token was checked all the same
+        return grpc.unary_stream_rpc_method_handler(unary_stream, None, ser)
+    if handler.stream_unary is not None:
+        inner_su = handler.stream_unary
+
+        async def stream_unary(requests: Any, context: Any) -> Any:
+            await admit(context)  # before the first message is read
+            return await inner_su(requests, context)
+
+        return grpc.stream_unary_rpc_method_handler(stream_unary, des, ser)
+    inner_ss = handler.stream_stream
+    assert inner_ss is not None  # a handler has exactly one of the four
+
+    async def stream_stream(requests: Any, context: Any) -> Any:
+        await admit(context)
+        stream: Any = inner_ss(requests, context)
+        async for item in stream:
+            yield item
+
+    return grpc.stream_stream_rpc_method_handler(stream_stream, des, ser)
 
 
 # ---- HTTP -------------------------------------------------------------------------------------
@@ -240,20 +342,37 @@ def _with_tenant(handler: grpc.RpcMethodHandler[Any, Any], tenant: str) -> grpc.
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def http_peer(request: web.Request) -> PeerIdentity | None:
+    """The verified client certificate's names (``ssl`` reports a certificate only once it
+    passed verification); None on plaintext or without one."""
+    transport = request.transport
+    cert = transport.get_extra_info("peercert") if transport is not None else None
+    if not cert:
+        return None
+    common_names = tuple(value for rdn in cert.get("subject", ()) for key, value in rdn if key == "commonName")
+    alt = cert.get("subjectAltName", ())
+    return PeerIdentity(
+        common_names,
+        tuple(value for kind, value in alt if kind == "DNS"),
+        tuple(value for kind, value in alt if kind == "URI"),
+    )
+
+
 def http_middleware(authenticator: Authenticator, open_paths: frozenset[str] = frozenset()) -> Any:
-    """An aiohttp middleware requiring ``Authorization: Bearer <token>`` on every path but
-    ``open_paths``; refused requests get 401 with ``WWW-Authenticate: Bearer``."""
+    """An aiohttp middleware requiring ``Authorization: Bearer <token>`` or an accepted client
+    certificate on every path but ``open_paths``; refused requests get 401 with
+    ``WWW-Authenticate: Bearer``."""
 
     @web.middleware
     async def authenticate(request: web.Request, handler: _Handler) -> web.StreamResponse:
         if request.path in open_paths:
             return await handler(request)
         header = request.headers.get("Authorization")
-        tenant = authenticator.tenant_of(header)
+        tenant = authenticator.authenticate(header, http_peer(request))
         if tenant is None:
             authenticator.refused(header, request.remote)
             response = web.Response(
-                status=401, text="missing or invalid bearer token\n", headers={"WWW-Authenticate": "Bearer"}
+                status=401, text="missing or invalid credentials\n", headers={"WWW-Authenticate": "Bearer"}
             )
             if request.can_read_body:  # the body is not read: close rather than drain it
                 response.force_close()

@@ -3,14 +3,39 @@ the OTLP/HTTP listener, each with its limits, auth and TLS, and the limits they 
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from otel_plumb.configtypes import ConfigModel, Endpoint, Seconds
 from otel_plumb.receive.auth import AuthConfig
 from otel_plumb.tls import TLSServerConfig
 
 
-class GrpcReceiverConfig(ConfigModel):
+class ListenerConfig(ConfigModel):
+    """What every listener has (the receivers and the metrics listener): TLS, auth, and the
+    permission to be exposed without either."""
+
+    # TLS (mTLS with client_ca_file); none: plaintext.
+    tls: TLSServerConfig | None = None
+    # Credentials required on every request (receive.auth): bearer tokens, client certificates.
+    auth: AuthConfig | None = None
+    # Allow a non-loopback endpoint without TLS and without auth.
+    insecure: bool = False
+
+    @field_validator("auth")
+    @classmethod
+    def _certificates_need_mtls(cls, auth: AuthConfig | None, info: ValidationInfo) -> AuthConfig | None:
+        if auth is None or not auth.client_certificates or "tls" not in info.data:
+            return auth  # a tls block that failed is reported on its own
+        tls = info.data["tls"]
+        if tls is None or not tls.client_ca_file:
+            raise ValueError(
+                "client_certificates needs tls.client_ca_file on this listener: only certificates "
+                "verified against it identify a client"
+            )
+        return auth
+
+
+class GrpcReceiverConfig(ListenerConfig):
     endpoint: Endpoint = "127.0.0.1:4317"
     enabled: bool = True
     # Connections without a call for this long get a GOAWAY (grpc.max_connection_idle_ms); 0: never.
@@ -20,15 +45,9 @@ class GrpcReceiverConfig(ConfigModel):
     max_connections: int = Field(default=1024, ge=1)
     # Calls in flight per connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
     max_concurrent_streams: int = Field(default=100, ge=1)
-    # Bearer tokens required on every call, OTLP Export and Watch alike (receive.auth).
-    auth: AuthConfig | None = None
-    # Allow a non-loopback endpoint without TLS and without auth.
-    insecure: bool = False
-    # TLS (mTLS with client_ca_file); none: plaintext.
-    tls: TLSServerConfig | None = None
 
 
-class HttpReceiverConfig(ConfigModel):
+class HttpReceiverConfig(ListenerConfig):
     endpoint: Endpoint = "127.0.0.1:4318"
     enabled: bool = True
     # Connections idle this long (before a request, between requests, or waiting for the next
@@ -37,12 +56,6 @@ class HttpReceiverConfig(ConfigModel):
     # Connections open at once; at the cap a new one closes the longest idle, or is answered
     # 503 when all are busy. Lowered at start when the open-file limit cannot hold them all.
     max_connections: int = Field(default=1024, ge=1)
-    # Bearer tokens required on every request (receive.auth).
-    auth: AuthConfig | None = None
-    # Allow a non-loopback endpoint without TLS and without auth.
-    insecure: bool = False
-    # TLS (mTLS with client_ca_file); none: plaintext.
-    tls: TLSServerConfig | None = None
 
 
 class ReceiversConfig(ConfigModel):
