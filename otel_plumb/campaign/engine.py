@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -34,9 +35,10 @@ from otel_plumb.campaign.config import CampaignError, Case, LoadedCampaign, load
 from otel_plumb.campaign.perturb import Variant, apply_steps, generate_variants
 from otel_plumb.campaign.runners import PROTOCOL, AgentError, Runner, TraceContext, make_runner
 from otel_plumb.campaign.store import Store, TrialRow
-from otel_plumb.check import CompiledPolicy, PolicyError, decide, load_policies
+from otel_plumb.check import CompiledPolicy, PolicyError, decide, load_policies, redaction_for
 from otel_plumb.model import Trajectory
 from otel_plumb.model.trajectory import ARM, CASE_ID, CONTEXT_PREFIX, TRIAL_ID, VARIANT_ID
+from otel_plumb.redact import REDACTION_KEY_ENV, Redaction
 from otel_plumb.report.records import decided_record
 
 
@@ -132,13 +134,23 @@ def judge(trajectory: Trajectory, trial: PlannedTrial, policies: Sequence[Compil
     verdicts, status = decided.verdicts, decided.status
     critical_ok = trajectory.complete and not any(
         v.severity == "critical" and v.verdict in ("fail", "indeterminate") for v in verdicts)
-    record = decided_record(decided)
-    path = [[s.name, s.index, s.args if s.args_status == "captured" else None,
-             arg_key(s.args if s.args_status == "captured" else None)]
-            for s in trajectory.steps if s.kind == "tool" and s.succeeded]
+    # The store and its reports leave the process: what the policies' redaction covers is
+    # redacted, and argument keys are keyed hashes (equal iff the arguments are equal).
+    redaction = redaction_for(policies, key=os.environ.get(REDACTION_KEY_ENV, "").encode() or None)
+    emitted = decided if redaction is None else redaction.decided(decided)
+    record = decided_record(emitted)
+    path = [[e.name, e.index, e.args if e.args_status == "captured" else None,
+             _arg_key(s.args if s.args_status == "captured" else None, redaction)]
+            for s, e in zip(trajectory.steps, emitted.trajectory.steps, strict=True)
+            if s.kind == "tool" and s.succeeded]
     violations = sorted({(v.invariant, v.severity) for v in verdicts if v.verdict == "fail"})
     summary = {"path": path, "violations": [{"invariant": i, "severity": s} for i, s in violations]}
     return record, status, critical_ok, summary
+
+
+def _arg_key(args: Any, redaction: Redaction | None) -> str:
+    key = arg_key(args)
+    return key if redaction is None else redaction.digest(key)
 
 
 class CampaignRun:

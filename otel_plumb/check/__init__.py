@@ -3,12 +3,19 @@
 Pure: no I/O except reading the policy and its context file when it is loaded.
 """
 
-from otel_plumb.check.decide import decide
+from otel_plumb.check.decide import decide, redaction_for
 from otel_plumb.check.errors import PolicyError
 from otel_plumb.check.expr import BUDGET_EXCEEDED
 from otel_plumb.check.policy import CompiledInvariant, CompiledPolicy, budget_exceeded, load_policies, load_policy
 
 __all__ = [
-    "BUDGET_EXCEEDED", "CompiledInvariant", "CompiledPolicy", "PolicyError", "budget_exceeded", "decide",
-    "load_policies", "load_policy",
+    "BUDGET_EXCEEDED",
+    "CompiledInvariant",
+    "CompiledPolicy",
+    "PolicyError",
+    "budget_exceeded",
+    "decide",
+    "load_policies",
+    "load_policy",
+    "redaction_for",
 ]  # fmt: skip

@@ -4,10 +4,12 @@ and reports, the verdict log and Watch read the ``Decided`` it returns (nothing 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import secrets
+from collections.abc import Iterable, Sequence
 
 from otel_plumb.check.policy import CompiledPolicy
 from otel_plumb.model import Decided, Trajectory, Verdict, trajectory_status
+from otel_plumb.redact import Redaction, RedactionConfig
 
 
 def decide(policies: Iterable[CompiledPolicy], trajectory: Trajectory) -> Decided:
@@ -22,3 +24,20 @@ def decide(policies: Iterable[CompiledPolicy], trajectory: Trajectory) -> Decide
         trajectory.key = task
     status = trajectory_status(trajectory, verdicts, checked=bool(applied))
     return Decided(trajectory, verdicts, [p.name for p in applied], status)
+
+
+# The HMAC key when none is configured: one per process, so hashed values compare equal within
+# one run (one report, one processor's lifetime) and not across runs.
+_RUN_KEY = secrets.token_bytes(32)
+
+
+def redaction_for(
+    policies: Sequence[CompiledPolicy], config: RedactionConfig | None = None, key: bytes | None = None
+) -> Redaction | None:
+    """How decisions on these policies are redacted before they are emitted: the ``redaction``
+    section given (the processor's) with each policy's own added; None when there is no rule.
+    The HMAC key: ``key``, else the section's ``hash_key``, else one random key per process."""
+    if key is None:
+        key = config.hash_key.encode() if config is not None and config.hash_key else _RUN_KEY
+    redaction = Redaction(config, {p.name: p.redaction for p in policies}, key)
+    return redaction if redaction.configured else None

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -29,7 +28,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otel_plumb import tls
 from otel_plumb.assemble import AddOutcome, AssemblyLimits, Finished, build_trajectory
-from otel_plumb.check import CompiledPolicy, decide, load_policies
+from otel_plumb.check import CompiledPolicy, decide, load_policies, redaction_for
+from otel_plumb.check.early import EarlyState, EarlyWatch
 from otel_plumb.configtypes import parse_hostport
 from otel_plumb.export.annotate import (
     Origin,
@@ -59,7 +59,7 @@ from otel_plumb.ratelimit import RateLimitedLog
 from otel_plumb.receive import auth, connections, grpc_server, http_server
 from otel_plumb.receive.otlp import attributes, span_record
 from otel_plumb.receive.sink import IngestResult, Throttled
-from otel_plumb.redact import Redaction, RedactionConfig, Scrub
+from otel_plumb.redact import Scrub
 from otel_plumb.tls import TLSServerConfig
 from otel_plumb.watch import VerdictHub
 
@@ -82,9 +82,11 @@ class Processor:
     def __init__(self, config: ProcessorConfig, policies: Sequence[CompiledPolicy] | None = None) -> None:
         self.config = config
         self.policies = list(policies) if policies is not None else load_policy_files(config.policies)
-        # Early checks build a partial trajectory per touched trace: only worth it when some
+        # Early checks keep counters per trace in flight (check.early): only worth it when some
         # invariant can fail early.
         self._early_checks = any(inv.early for p in self.policies for inv in p.invariants)
+        self._early_watch = EarlyWatch(self.policies)
+        self._early_state: dict[str, EarlyState] = {}
         a = config.assembly
         self.intake = Intake(
             AssemblyLimits(
@@ -110,7 +112,7 @@ class Processor:
         self._batch_bytes = config.exporters.otlp.queue.max_batch_bytes if config.exporters.otlp else None
         self._annotation_chars = config.exporters.otlp.max_annotation_chars if config.exporters.otlp else 1024
         self._verdict_log = VerdictLog(config.verdict_log.path) if config.verdict_log.path else None
-        self.redaction = redaction_of(config.redaction, self.policies)
+        self.redaction = redaction_for(self.policies, config.redaction)
         forwarded = config.redaction is not None and config.redaction.redact_forwarded
         self._redact_forwarded = self.redaction is not None and forwarded
         # Spans forwarded before their trajectory is known (passthrough, late, unchecked): the
@@ -506,6 +508,10 @@ class Processor:
                             self._rooted.add(tid)
                         if early_checks:
                             touched[tid] = touched.get(tid, False) or normalised.kind != "other"
+                            state = self._early_state.get(tid)
+                            if state is None:
+                                state = self._early_state[tid] = self._early_watch.state()
+                            state.add(normalised)
                     elif outcome is AddOutcome.DUPLICATE or outcome is AddOutcome.CONFLICTING_DUPLICATE:
                         # Not lost: the first copy went on. Neither a second step nor sent twice.
                         resent += 1
@@ -566,7 +572,11 @@ class Processor:
 
     def _early_check(self, trace_id: str) -> Decision | None:
         """Failures already certain (never_call, precedes, call_count max, budget) on a trace
-        still in flight, each reported once; the full evaluation follows at completion."""
+        still in flight, each reported once; the full evaluation follows at completion. The
+        trace's counters say first whether one may fail: the partial trajectory is built only then."""
+        state = self._early_state.get(trace_id)
+        if state is None or not self._early_watch.may_fail(state, self._early.get(trace_id, frozenset())):
+            return None
         spans = self.intake.buffered_spans(trace_id)
         partial = build_trajectory(trace_id, spans, complete=False, incomplete_reason="in_flight")
         reported = self._early.setdefault(trace_id, set())
@@ -621,6 +631,7 @@ class Processor:
             for t in f.trace_ids:
                 early |= self._early.pop(t, set())
                 self._rooted.discard(t)
+                self._early_state.pop(t, None)
             new_failures = [v for v in decided.failures if (v.policy, v.invariant) not in early]
             decisions.append(Decision(decided, f.payloads, now - last, new_failures))
             for t in f.trace_ids:
@@ -840,15 +851,6 @@ def _held_bytes(span: Span) -> int:
     decoded values (about as much again) and the allocator's share (measured: an 8 MiB span
     held about 23 MiB of RSS), plus the objects around a small span."""
     return 3 * span.ByteSize() + 1024
-
-
-def redaction_of(config: RedactionConfig | None, policies: Sequence[CompiledPolicy]) -> Redaction | None:
-    """The redaction of what the processor emits, from its ``redaction`` section and the
-    policies' own; None when neither has a rule. Without ``hash_key`` a random key is used, so
-    hashed values compare equal within one run only."""
-    key = config.hash_key.encode() if config is not None and config.hash_key else secrets.token_bytes(32)
-    redaction = Redaction(config, {p.name: p.redaction for p in policies}, key)
-    return redaction if redaction.configured else None
 
 
 def _redacted_request(request: ExportTraceServiceRequest, scrub: Scrub) -> ExportTraceServiceRequest:

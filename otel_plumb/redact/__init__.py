@@ -6,8 +6,12 @@ from otel_plumb.redact.config import PathRule, PatternRule, RedactionConfig, Red
 from otel_plumb.redact.patterns import BUILTIN_PATTERNS
 from otel_plumb.redact.redactor import Redaction, Redactor, Scrub
 
+# Where tools that have no config file (campaigns) read the HMAC key of ``hash``.
+REDACTION_KEY_ENV = "PLUMB_REDACTION_KEY"
+
 __all__ = [
     "BUILTIN_PATTERNS",
+    "REDACTION_KEY_ENV",
     "PathRule",
     "PatternRule",
     "Redaction",

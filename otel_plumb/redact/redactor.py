@@ -57,6 +57,11 @@ def _canonical(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
 
 
+def hmac_token(key: bytes, text: str) -> str:
+    digest = hmac.new(key, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+    return f"[hmac:{digest[:16]}]"
+
+
 class Redactor:
     """The merged rules of one set of sections (the global one and those of the policies that
     applied), compiled once."""
@@ -94,8 +99,7 @@ class Redactor:
         if action == "mask":
             return f"[redacted:{label}]"
         if action == "hash":
-            digest = hmac.new(self._key, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
-            return f"[hmac:{digest[:16]}]"
+            return hmac_token(self._key, text)
         assert isinstance(action, Truncate)
         cut = action.truncate
         return text if len(text) <= cut else f"{text[:cut]}… [{len(text) - cut} characters redacted]"
@@ -284,3 +288,7 @@ class Redaction:
 
     def decided(self, decided: Decided) -> Decided:
         return self.redactor(decided.policies).decided(decided)
+
+    def digest(self, text: str) -> str:
+        """``text`` as a keyed hash: for keys that must compare equal without showing the value."""
+        return hmac_token(self._key, text)

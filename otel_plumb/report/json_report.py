@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from otel_plumb.check import CompiledPolicy
+from otel_plumb.check import CompiledPolicy, redaction_for
 from otel_plumb.model import SEVERITIES, Decided, Severity, severity_at_least
 from otel_plumb.report.records import decided_record
 from otel_plumb.stats import rate
@@ -27,8 +27,10 @@ VERDICTS = ("pass", "fail", "not_applicable", "indeterminate")
 
 def report_body(policies: Sequence[CompiledPolicy], decided: Iterable[Decided]) -> dict[str, Any]:
     """Everything but coverage and errors (which come from reading the input), from trajectories
-    decided against ``policies`` (``check.decide``): nothing is checked again here."""
-    records = [decided_record(d) for d in decided]
+    decided against ``policies`` (``check.decide``): nothing is checked again here. What the
+    policies' ``redaction`` sections cover is redacted."""
+    redaction = redaction_for(policies)
+    records = [decided_record(d if redaction is None else redaction.decided(d)) for d in decided]
     return {
         "policies": [policy_record(p) for p in policies],
         "trajectories": records,
