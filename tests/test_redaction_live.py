@@ -8,10 +8,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf.json_format import MessageToJson
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 from test_export_faults import FakeBackend
 from test_live_support import agent_provider, config, scrape, wait_until
@@ -52,10 +59,16 @@ REDACTION = {
 
 
 def send_agent_traffic(port: int) -> None:
+    provider, _ = agent_provider(port)
+    _agent_run(provider)
+    provider.force_flush()
+    provider.shutdown()
+
+
+def _agent_run(provider: TracerProvider) -> None:
     """One run: a lookup returns the customer's card reference; the refund goes to another card
     with a note quoting an email and an API key; a notification fails with a bearer token in
     its error."""
-    provider, _ = agent_provider(port)
     tracer = provider.get_tracer("refund-agent")
     with tracer.start_as_current_span("invoke_agent refunds") as root:
         root.set_attribute("gen_ai.operation.name", "invoke_agent")
@@ -74,8 +87,6 @@ def send_agent_traffic(port: int) -> None:
             span.set_attribute("gen_ai.operation.name", "execute_tool")
             span.set_attribute("gen_ai.tool.name", "notify")
             span.set_status(Status(StatusCode.ERROR, f"gateway said: {SECRETS['bearer']} expired"))
-    provider.force_flush()
-    provider.shutdown()
 
 
 def found_secrets(data: bytes | str) -> list[str]:
@@ -154,3 +165,35 @@ async def test_no_secret_leaves_a_running_processor(
     else:  # forwarded untouched apart from the annotations
         assert set(found_secrets(forwarded)) == set(SECRETS)
 
+
+
+def test_replay_reports_apply_the_policy_redaction(tmp_path: Path) -> None:
+    """``otel-plumb replay`` with a policy carrying a ``redaction`` section: neither the terminal
+    nor the JSON, HTML or JUnit report shows a secret, and the verdicts are the real ones."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    _agent_run(provider)
+    trace_file = tmp_path / "traces.json"
+    trace_file.write_text(MessageToJson(encode_spans(memory.get_finished_spans()), indent=None))
+    policy = tmp_path / "refunds.yaml"
+    section = (
+        "redaction:\n  patterns: [email, card_number, api_key, bearer_token]\n"
+        "  paths:\n    - {path: card.number, action: hash}\n"
+    )
+    policy.write_text(POLICY.replace("invariants:\n", section + "invariants:\n", 1))
+    out = {kind: tmp_path / f"report.{kind}" for kind in ("json", "html", "xml")}
+    done = subprocess.run(
+        [sys.executable, "-m", "otel_plumb", "replay", str(trace_file), "--policy", str(policy),
+         "--json", str(out["json"]), "--html", str(out["html"]), "--junit", str(out["xml"])],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr  # invariants fail
+    report = json.loads(out["json"].read_text())
+    (record,) = report["trajectories"]
+    failed = {v["invariant"] for v in record["verdicts"] if v["verdict"] == "fail"}
+    assert failed == {"refund-to-known-card", "small-refunds", "note-plain"}
+    assert "FAIL" in done.stdout
+    outputs = {"terminal": done.stdout + done.stderr, **{k: p.read_text() for k, p in out.items()}}
+    for where, text in outputs.items():
+        assert found_secrets(text) == [], f"secrets in the {where} output"
