@@ -6,7 +6,9 @@ Exit codes everywhere: 0 ok, 1 a check or gate failed, 2 the run itself could no
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+from typing import Any, TextIO
 
 import click
 
@@ -43,7 +45,43 @@ def cli() -> None:
     """Check LLM agent trajectories, built from OpenTelemetry traces, against declared invariants."""
 
 
+class _UntilReaderGone:
+    """Standard output that, once its reader has gone (``otel-plumb replay ... | head -1``),
+    drops the rest instead of raising: a closed pipe is not a verdict, so the command finishes
+    and exits as it would have (0, or 1 for a violation), without a traceback."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        self.gone = True
+        # What is still buffered goes nowhere, also when the interpreter flushes at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main() -> None:
+    sys.stdout = _UntilReaderGone(sys.stdout)  # type: ignore[assignment]
     try:
         cli.main(prog_name="otel-plumb", standalone_mode=True)
     except KeyboardInterrupt:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,15 +51,27 @@ def inputs_record(stats: ReplayStats) -> list[dict[str, Any]]:
     return [{"file": f.path, "spans": f.spans, "errors": f.errors} for f in stats.files]
 
 
-def check_inputs(files: Sequence[str]) -> None:
-    """Refuse, before reading anything, files that are missing or unreadable."""
-    for path in files:
+# ``-`` reads standard input, through the device file so every reader (format detection by
+# content, decompression) works on it as on a file.
+STDIN = "-"
+STDIN_PATH = "/dev/stdin"
+
+
+def check_inputs(files: Sequence[str]) -> list[str]:
+    """Refuse, before reading anything, files that are missing or unreadable; the paths to read."""
+    if files.count(STDIN) > 1:
+        raise RunError("'-' (standard input) can be read once only")
+    if STDIN in files and sys.stdin is not None and sys.stdin.isatty():
+        raise RunError("'-' reads trace data from standard input, which is a terminal: pipe or redirect a file into it")
+    paths = [STDIN_PATH if path == STDIN else path for path in files]
+    for path in paths:
         if not os.path.exists(path):
             raise RunError(f"{path}: no such file")
         if os.path.isdir(path):
             raise RunError(f"{path}: is a directory, not a trace file")
         if not os.access(path, os.R_OK):
             raise RunError(f"{path}: not readable (permission denied)")
+    return paths
 
 
 def check_something_read(stats: ReplayStats) -> None:
@@ -118,10 +131,10 @@ def replay(
     junit_out: str | None,
     group_by: GroupBy,
 ) -> None:
-    """Read trace files (OTLP JSON/protobuf, Jaeger JSON, .gz/.zst) into trajectories, check them, report them."""
+    """Read trace files (OTLP JSON/protobuf, Jaeger JSON, .gz/.zst; '-' for standard input) into trajectories,
+    check them, report them."""
     policies = load_policies_or_fail(policy_paths)  # a bad policy stops the run before anything is read
-    check_inputs(files)
-    result = run_replay(files, group_by=group_by)
+    result = run_replay(check_inputs(files), group_by=group_by)
     check_something_read(result.stats)
     report = build_report(result, policies)
     if json_out:
@@ -139,11 +152,12 @@ def replay(
 @_json
 @_group_by
 def coverage(files: tuple[str, ...], json_out: str | None, group_by: GroupBy) -> None:
-    """What the trace files can support: conventions, tool calls with/without arguments and results, notes."""
-    check_inputs(files)
+    """What the trace files ('-' for standard input) can support: conventions, tool calls with/without arguments
+    and results, notes."""
+    paths = check_inputs(files)
     stats = ReplayStats()
     counter = CoverageCounter()
-    for trajectory in iter_trajectories(files, stats, group_by=group_by):
+    for trajectory in iter_trajectories(paths, stats, group_by=group_by):
         counter.add(trajectory)
     check_something_read(stats)
     cov = counter.report(stats)
