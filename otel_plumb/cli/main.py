@@ -81,7 +81,7 @@ class _UntilReaderGone:
 
 
 def main() -> None:
-    sys.stdout = _UntilReaderGone(sys.stdout)  # type: ignore[assignment]
+    sys.stdout = _UntilReaderGone(sys.stdout)
     try:
         cli.main(prog_name="otel-plumb", standalone_mode=True)
     except KeyboardInterrupt:
