@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 from test_export_faults import FakeBackend
-from test_live_support import agent_provider, config, scrape, wait_until
+from test_live_support import agent_provider, config, free_port, scrape, start_cli, wait_until
 
 from otel_plumb.model import Decided
 from otel_plumb.processor import Processor
@@ -197,3 +198,25 @@ def test_replay_reports_apply_the_policy_redaction(tmp_path: Path) -> None:
     outputs = {"terminal": done.stdout + done.stderr, **{k: p.read_text() for k, p in out.items()}}
     for where, text in outputs.items():
         assert found_secrets(text) == [], f"secrets in the {where} output"
+
+
+def test_what_the_processor_writes_is_readable_by_its_user_only(tmp_path: Path) -> None:
+    """The queue, the journal and the verdict log hold span content: owner-only files."""
+    state, verdicts = tmp_path / "state", tmp_path / "verdicts.jsonl"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "receivers: {grpc: {endpoint: 127.0.0.1:0}, http: {endpoint: 127.0.0.1:0}}\n"
+        "metrics: {endpoint: 127.0.0.1:0}\n"
+        f"verdict_log: {{path: {verdicts}}}\n"
+        f"exporters: {{otlp: {{endpoint: grpc://127.0.0.1:{free_port()}, state_dir: {state}}}}}\n"
+    )
+    proc, _, lines = start_cli(["--config", str(cfg)])
+    try:
+        written = [verdicts, state, *state.rglob("*")]
+        assert len(written) > 2, "".join(lines)
+        for path in written:
+            mode = path.stat().st_mode & 0o777
+            assert mode & 0o077 == 0, f"{path} is {oct(mode)}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0

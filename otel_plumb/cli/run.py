@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from typing import Any
 
@@ -61,6 +62,9 @@ def run(
     except PolicyError as exc:
         raise RunError(str(exc)) from exc
     configure_logging(config.logging)
+    # Everything the processor writes (queue, journal, dead letters, verdict log) holds span
+    # content: readable by its own user only.
+    os.umask(0o077)
     try:
         code = asyncio.run(_serve(config, compiled))
     except KeyboardInterrupt:  # a second Ctrl-C while draining
