@@ -102,13 +102,16 @@ def make_paraphraser(campaign: LoadedCampaign, spec: Paraphrase) -> Paraphraser:
     return from_plugin
 
 
-def make_guard(spec: Guard) -> GuardFn:
+def make_guard(campaign: LoadedCampaign, spec: Guard) -> GuardFn:
     if spec.provider == "none":
         return lambda _a, _b: (True, None, "")
     if spec.provider == "embedding":
-        from otel_plumb.campaign.embedding import default_model
+        from otel_plumb.campaign.embedding import EmbeddingUnavailable, default_model
 
-        model = default_model()
+        try:
+            model = default_model()
+        except EmbeddingUnavailable as e:
+            raise CampaignError(campaign.path, None, f"paraphrase guard: {e}") from None
         floor = spec.min_similarity
 
         def by_embedding(original: str, candidate: str) -> tuple[bool, float | None, str]:

@@ -124,7 +124,25 @@ def _gate_exit(report: dict[str, Any]) -> None:
         sys.exit(1)
 
 
-@click.group()
+# Modules of the ``campaign`` extra (pyproject.toml) the campaign commands import.
+_EXTRA_MODULES = ("numpy", "tokenizers", "safetensors", "threadpoolctl", "opentelemetry.processor")
+
+
+class _CampaignGroup(click.Group):
+    """Without the ``campaign`` extra a command stops with what to install, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as e:
+            name = e.name or ""
+            if not any(name == m or name.startswith(m + ".") for m in _EXTRA_MODULES):
+                raise
+            raise RunError(f"campaigns need the campaign extra ({name} is not installed): "
+                           "pip install 'otel-plumb[campaign]'") from None
+
+
+@click.group(cls=_CampaignGroup)
 def campaign() -> None:
     """Metamorphic campaigns: perturb an agent's inputs, run it, check its trajectories."""
 
