@@ -558,7 +558,14 @@ def _read_context_file(doc: LocatedYaml, spec: sc.PolicyFile) -> dict[str, dict[
     loc = ("context", "file")
     if spec.task is None:
         raise doc.error(loc, "context.file needs task.attribute to know which entry belongs to a trajectory")
-    full = os.path.join(os.path.dirname(os.path.abspath(doc.path)), spec.context.file)
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(doc.path)))
+    full = os.path.realpath(os.path.join(folder, spec.context.file))
+    if not spec.context.allow_outside_policy_dir and os.path.commonpath([folder, full]) != folder:
+        raise doc.error(
+            loc,
+            f"context file {spec.context.file!r} is {full}, outside the policy's folder {folder}: move it "
+            "beside the policy, or set context.allow_outside_policy_dir: true if this is meant",
+        )
     try:
         data = yamlfile.load(full).data  # YAML is a superset of JSON: reads both
     except yamlfile.YamlError as exc:

@@ -42,6 +42,9 @@ class TaskSpec(_Model):
 class ContextSpec(_Model):
     attributes_prefix: str = "plumb.context."
     file: str | None = None
+    # A context file outside the policy's folder (after symlinks) is read only when this says so:
+    # a policy must not read /proc/self/environ or a secrets mount by accident.
+    allow_outside_policy_dir: bool = False
 
 
 class ToolSpec(_Model):

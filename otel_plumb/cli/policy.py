@@ -11,6 +11,7 @@ import click
 from otel_plumb.check import CompiledPolicy, PolicyError, load_policies, load_policy
 from otel_plumb.cli.main import RunError
 from otel_plumb.report import html, junit
+from otel_plumb.terminal import safe
 
 
 @click.command("check-policy")
@@ -83,7 +84,9 @@ def print_verdicts(report: Mapping[str, Any], shown: int = 10) -> None:
     fails = [(t, v) for t in report["trajectories"] for v in t["verdicts"] if v["verdict"] == "fail"]
     for t, v in fails[:shown]:
         where = "trajectory" if v["step_index"] is None else f"step {v['step_index']}"
-        key = "" if t.get("key") in (None, t["trace_id"]) else f"{t['key']} "
-        click.echo(f"  FAIL {v['severity']:<8} {v['invariant']}  {key}{t['trace_id'][:16]} {where}: {v['message']}")
+        key = "" if t.get("key") in (None, t["trace_id"]) else f"{safe(t['key'])} "
+        click.echo(
+            f"  FAIL {v['severity']:<8} {v['invariant']}  {key}{t['trace_id'][:16]} {where}: {safe(v['message'])}"
+        )
     if len(fails) > shown:
         click.echo(f"  ... {len(fails) - shown} more violations (see --json / --html)")

@@ -23,6 +23,7 @@ from otel_plumb.replay import GroupBy, ReplayResult, ReplayStats, iter_trajector
 from otel_plumb.replay import replay as run_replay
 from otel_plumb.report import json_report
 from otel_plumb.report.coverage import CoverageCounter, coverage_report
+from otel_plumb.terminal import safe
 
 REPORT_VERSION = json_report.REPORT_VERSION
 # Terminal summary limits: the JSON report has everything.
@@ -199,19 +200,19 @@ def _print_read(stats: ReplayStats, cov: dict[str, Any]) -> None:
         f"{stats.errors_total} errors"
     )
     for error in stats.errors[:SHOWN_ERRORS]:
-        click.echo(f"  error: {error}")
+        click.echo(f"  error: {safe(error)}")
     if stats.errors_total > SHOWN_ERRORS:
         click.echo(f"  ... {stats.errors_total - SHOWN_ERRORS} more errors (see --json)")
 
 
 def _print_coverage(cov: dict[str, Any]) -> None:
     conventions = ", ".join(f"{name} {n}" for name, n in cov["conventions"].items()) or "none"
-    click.echo(f"conventions: {conventions}")
+    click.echo(f"conventions: {safe(conventions)}")
     notes = cov["notes"]
     if notes:
         click.echo("coverage notes:")
         for note in notes:
-            click.echo(f"  - {note}")
+            click.echo(f"  - {safe(note)}")
 
 
 def trajectory_line(t: Trajectory) -> str:
@@ -222,7 +223,7 @@ def trajectory_line(t: Trajectory) -> str:
     if len(path) > PATH_WIDTH:
         path = path[: PATH_WIDTH - 3] + "..."
     key = "" if t.key == t.trace_id else f"{t.key} "
-    return f"{key}{t.trace_id[:16]}  {who}  {len(t.steps)} steps, {state}  {path}"
+    return safe(f"{key}{t.trace_id[:16]}  {who}  {len(t.steps)} steps, {state}  {path}")
 
 
 def _tool_label(step: Step) -> str:

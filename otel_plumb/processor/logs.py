@@ -8,6 +8,7 @@ import sys
 import time
 
 from otel_plumb.processor.config import LoggingConfig
+from otel_plumb.terminal import safe
 
 
 class JsonFormatter(logging.Formatter):
@@ -23,12 +24,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """One line per record: names and values from the traffic in the message are escaped
+    (``terminal.safe``), so they cannot forge lines or drive the terminal."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = safe(record.message)
+        return super().formatMessage(record)
+
+
 def configure_logging(config: LoggingConfig) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if config.json_format:
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("otel_plumb")
     root.handlers[:] = [handler]
     root.setLevel(config.level.upper())
