@@ -381,3 +381,28 @@ def test_minimise_drops_the_harmless_steps_of_a_failing_variant(tmp_path):
                                   "--store", db])
     assert res.exit_code == 0, res.output
     assert "(2 -> 1" in res.output and "12,000.00" in res.output
+
+
+def test_the_report_says_which_paraphrase_guard_ran(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "para.jsonl").write_text(json.dumps({"id": "INV-7001", "paraphrases": [
+        "Kindly handle Acme Supplies' invoice INV-7001, amount £4,500.00, raised against PO-501."]}) + "\n")
+    source = "{source: {provider: file, path: para.jsonl}, samples: 1"
+    for guard, expected in (
+        ("", "paraphrase guard: none (the default for paraphrases from a file: reviewed, used as written)"),
+        (", guard: {provider: embedding, min_similarity: 0.7}",
+         "paraphrase guard: embedding (all-MiniLM-L6-v2), kept at cosine similarity of at least 0.7 (as configured)"),
+    ):
+        path = setup_campaign(tmp_path, "  naive: {python: {callable: 'agent:run_naive'}}\n",
+                              f"  paraphrase: {source}{guard}}}\n", cases=1)
+        res = subprocess.run([sys.executable, "-m", "otel_plumb", "campaign", "run", str(path), "--store",
+                              str(tmp_path / "runs.db"), "--json", str(tmp_path / "r.json"), "--html",
+                              str(tmp_path / "r.html"), "-q"], capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        assert expected in res.stdout.splitlines()
+        assert expected in (tmp_path / "r.html").read_text()
+        recorded = json.loads((tmp_path / "r.json").read_text())["paraphrase_guard"]
+        assert recorded["configured"] == bool(guard) and recorded["source"] == "file"
+        assert recorded["min_similarity"] == (0.7 if guard else None)

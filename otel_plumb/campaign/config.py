@@ -138,7 +138,27 @@ class Guard(_Model):
 class Paraphrase(_Model):
     source: ParaphraseSource
     samples: int = Field(default=2, ge=1)
-    guard: Guard = Guard()
+    # Unset: reviewed paraphrases from a file are used as written, model-generated ones (openai,
+    # plugins) go through the embedding guard at its default threshold. See ``effective_guard``.
+    guard: Guard | None = None
+
+    @property
+    def effective_guard(self) -> Guard:
+        if self.guard is not None:
+            return self.guard
+        return Guard(provider="none") if self.source.provider == "file" else Guard()
+
+
+def guard_record(paraphrase: Paraphrase) -> dict[str, Any]:
+    """Which guard checks the paraphrases, with its threshold, and whether the file said so."""
+    guard = paraphrase.effective_guard
+    return {
+        "provider": guard.provider,
+        "min_similarity": guard.min_similarity if guard.provider == "embedding" else None,
+        "model": guard.model if guard.provider == "judge" else None,
+        "configured": paraphrase.guard is not None,
+        "source": paraphrase.source.provider,
+    }
 
 
 class Distractor(_Model):

@@ -178,7 +178,7 @@ class CampaignRun:
             from otel_plumb.campaign.paraphrase import make_guard, make_paraphraser
 
             paraphraser = make_paraphraser(self.campaign, spec.perturbations.paraphrase)
-            guard = make_guard(self.campaign, spec.perturbations.paraphrase.guard)
+            guard = make_guard(self.campaign, spec.perturbations.paraphrase.effective_guard)
         return generate_variants(self.campaign, list(self.cases.values()), paraphraser, guard)
 
     def start(self, resume: str | None = None, variants: list[Variant] | None = None,

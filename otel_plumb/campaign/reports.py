@@ -9,8 +9,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from otel_plumb.campaign.align import align
 from otel_plumb.campaign.analysis import analyse
+from otel_plumb.campaign.config import Paraphrase, guard_record
 from otel_plumb.campaign.store import RunInfo, Store
 
 REPORT_VERSION = "1"
@@ -27,6 +30,7 @@ def build_report(store: Store, run: RunInfo) -> dict[str, Any]:
         "run_id": run.run_id,
         "run_status": run.status,
         "gates": {"min_certified_bound": target, "max_violations": gates.get("max_violations")},
+        "paraphrase_guard": paraphrase_guard(run.config),
         "arms": analysed["arms"],
         "parity": analysed["parity"],
         "trials": [
@@ -37,6 +41,33 @@ def build_report(store: Store, run: RunInfo) -> dict[str, Any]:
             for t in trials
         ],
     }
+
+
+def paraphrase_guard(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The guard the run's paraphrases went through (None without a paraphrase perturbation)."""
+    raw = (config.get("perturbations") or {}).get("paraphrase")
+    if raw is None:
+        return None
+    try:
+        return guard_record(Paraphrase.model_validate(raw))
+    except ValidationError:  # a run stored from a campaign file of another release
+        return None
+
+
+def guard_line(record: dict[str, Any] | None) -> str | None:
+    """One line for the terminal and the HTML: which guard ran, with which threshold, and why."""
+    if record is None:
+        return None
+    why = "as configured" if record["configured"] else (
+        "the default for paraphrases from a file: reviewed, used as written"
+        if record["source"] == "file" else "the default for generated paraphrases")
+    if record["provider"] == "embedding":
+        what = f"embedding (all-MiniLM-L6-v2), kept at cosine similarity of at least {record['min_similarity']}"
+    elif record["provider"] == "judge":
+        what = f"judge (model {record['model']} asked whether the meaning is the same)"
+    else:
+        what = "none"
+    return f"paraphrase guard: {what} ({why})"
 
 
 def write_json(report: dict[str, Any], path: str | Path) -> None:
@@ -153,6 +184,9 @@ def render_html(report: dict[str, Any], views: list[View] | None = None) -> str:
              f"<h1>Campaign <code>{e(report['campaign'])}</code></h1>",
              f"<p class='muted'>run {e(report['run_id'])} · {e(str(report.get('run_status')))} · "
              f"{len(report['trials'])} trials</p>"]
+    guard = guard_line(report.get("paraphrase_guard"))
+    if guard:
+        parts.append(f"<p>{e(guard)}</p>")
     for arm, data in report["arms"].items():
         c = data["certificate"]
         bound = "n/a" if c["bound"] is None else f"{100 * c['bound']:.1f}%"

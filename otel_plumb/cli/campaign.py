@@ -86,8 +86,13 @@ def _p(value: float) -> str:
 
 
 def _summary(report: dict[str, Any]) -> None:
+    from otel_plumb.campaign.reports import guard_line
+
     click.echo(f"campaign {report['campaign']}  run {report['run_id']}  ({report['run_status']}, "
                f"{len(report['trials'])} trials)")
+    guard = guard_line(report.get("paraphrase_guard"))
+    if guard:
+        click.echo(guard)
     for arm, data in report["arms"].items():
         click.echo(f"\narm {arm}")
         click.echo(f"  {'perturbation':<12} {'trials':>6} {'err':>4} {'disc':>4}  {'critical conformance':<24} "
