@@ -248,6 +248,7 @@ def test_gateway_ships_with_auth_and_a_network_policy() -> None:
     for listener in (config["receivers"]["grpc"], config["receivers"]["http"], config["metrics"]):
         assert listener["auth"] == {"bearer_tokens": tokens}
         assert "insecure" not in listener
+    assert {"email", "card_number", "bearer_token", "api_key"} <= set(config["redaction"]["patterns"])
     (monitor,) = kinds["ServiceMonitor"]
     assert monitor["spec"]["endpoints"][0]["authorization"]["credentials"] == {
         "name": "plumb-otel-plumb-auth", "key": "token"
