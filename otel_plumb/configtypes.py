@@ -1,5 +1,6 @@
-"""The types every component's config is built from: a model that refuses unknown keys, and
-durations, sizes and endpoints written as in Collector configs.
+"""The types every component's config is built from: a model that refuses unknown keys,
+durations, sizes and endpoints written as in Collector configs, and file paths, which resolve
+against the config file's directory.
 
 Each component keeps its config beside its code (``tls.py``, ``receive/config.py``,
 ``export/config.py``); ``processor/config.py`` composes them into the one file and loads it.
@@ -8,8 +9,10 @@ This module imports nothing of the product, so any component may use it.
 
 from __future__ import annotations
 
+import os
 import re
-from typing import Annotated, Any
+import types
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -65,3 +68,47 @@ def check_hostport(value: str) -> str:
 
 
 Endpoint = Annotated[str, BeforeValidator(lambda v: check_hostport(str(v)))]
+
+
+class _FileMarker:
+    """Metadata marking a config value as a file or directory path."""
+
+
+FilePath = Annotated[str, _FileMarker()]
+
+
+def resolve_paths(model: type[BaseModel], data: Any, base: str) -> Any:
+    """``data``, a section of a config file as read (before validation), with every relative
+    ``FilePath`` value of ``model`` joined to ``base``, the file's directory, as Prometheus does
+    for ``rule_files``. Values that do not fit the schema are left for validation to report."""
+    if not isinstance(data, dict):
+        return data
+    resolved = dict(data)
+    for name, field in model.model_fields.items():
+        for key in {name, field.alias or name}:
+            if key in resolved:
+                resolved[key] = _resolve(field.annotation, field.metadata, resolved[key], base)
+    return resolved
+
+
+def _resolve(annotation: Any, metadata: list[Any], value: Any, base: str) -> Any:
+    if any(isinstance(m, _FileMarker) for m in metadata):
+        if isinstance(value, str) and value and not os.path.isabs(value):
+            return os.path.normpath(os.path.join(base, value))
+        return value
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        inner, *more = get_args(annotation)
+        return _resolve(inner, more, value, base)
+    if origin in (Union, types.UnionType):
+        for option in get_args(annotation):
+            resolved = _resolve(option, [], value, base)
+            if resolved is not value:
+                return resolved
+        return value
+    if origin is list and isinstance(value, list):
+        (item,) = get_args(annotation)
+        return [_resolve(item, [], v, base) for v in value]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return resolve_paths(annotation, value, base)
+    return value

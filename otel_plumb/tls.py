@@ -27,7 +27,7 @@ from typing import Literal
 
 import grpc
 
-from otel_plumb.configtypes import ConfigModel, Seconds
+from otel_plumb.configtypes import ConfigModel, FilePath, Seconds
 
 log = logging.getLogger("otel_plumb.tls")
 
@@ -35,10 +35,10 @@ log = logging.getLogger("otel_plumb.tls")
 class TLSServerConfig(ConfigModel):
     """A listener's TLS (the Collector's configtls server settings)."""
 
-    cert_file: str
-    key_file: str
+    cert_file: FilePath
+    key_file: FilePath
     # Set: clients must present a certificate signed by one of these CAs (mTLS).
-    client_ca_file: str | None = None
+    client_ca_file: FilePath | None = None
     min_version: Literal["1.2", "1.3"] = "1.2"
     # The files are looked at this often and, when changed, served to new connections; 0: never.
     reload_interval: Seconds = 0.0
@@ -48,10 +48,10 @@ class TLSClientConfig(ConfigModel):
     """The exporter's TLS to the backend (grpcs:// or https://; configtls client settings)."""
 
     # CAs the backend's certificate must chain to; none: the system's.
-    ca_file: str | None = None
+    ca_file: FilePath | None = None
     # A client certificate and its key, for a backend that requires mTLS.
-    cert_file: str | None = None
-    key_file: str | None = None
+    cert_file: FilePath | None = None
+    key_file: FilePath | None = None
     min_version: Literal["1.2", "1.3"] = "1.2"
     # Accept any certificate (https:// only): for tests, never for data that matters.
     insecure_skip_verify: bool = False

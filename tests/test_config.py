@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from otel_plumb.cli.run import run
 from otel_plumb.processor import ConfigError, load_config
+from otel_plumb.processor.config import exposure_errors
 
 
 def test_no_file_gives_the_spec_defaults() -> None:
@@ -20,12 +21,50 @@ def test_no_file_gives_the_spec_defaults() -> None:
     assert cfg.receivers.max_message_mib == 16
 
 
-def test_full_example_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+# The processor's configs are the YAML files at the top of configs/ (its folders hold Collector
+# pipelines, policies, Prometheus rules, Grafana files, decision contracts).
+EXAMPLES = sorted(CONFIGS.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_config_loads(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BACKEND_TOKEN", "s3cret")
-    cfg = load_config(Path(__file__).parent.parent / "configs" / "otel-plumb.yaml")
-    assert cfg.exporters.otlp is not None
-    assert cfg.exporters.otlp.headers["authorization"] == "Bearer s3cret"
+    monkeypatch.setenv("OTEL_PLUMB_TOKEN", "s3cret")
+    cfg = load_config(path)
+    assert exposure_errors(cfg) == []
+    assert all(Path(p).is_absolute() or Path(p).exists() for p in cfg.policies)
+
+
+def test_the_examples_are_all_there() -> None:
+    assert {p.name for p in EXAMPLES} >= {"otel-plumb.yaml", "otel-plumb.production.yaml", "docker.yaml"}
+
+
+def test_the_laptop_example_needs_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No environment variable, no backend, loopback only, and its policies exist."""
+    for name in ("BACKEND_TOKEN", "PLUMB_TOKEN", "OTEL_PLUMB_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = load_config(CONFIGS / "otel-plumb.yaml")
+    assert cfg.exporters.otlp is None
+    for endpoint in (cfg.receivers.grpc.endpoint, cfg.receivers.http.endpoint, cfg.metrics.endpoint):
+        assert endpoint.startswith("127.0.0.1:")
+    assert [Path(p).resolve() for p in cfg.policies] == [CONFIGS / "policies" / "ap.yaml"]
+    assert cfg.verdict_log.path is not None
+    assert Path(cfg.verdict_log.path).resolve() == CONFIGS.parent / ".otel-plumb" / "verdicts.jsonl"
     assert cfg.assembly.idle_timeout == 2.0
+
+
+def test_the_production_example_is_protected_and_absolute(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BACKEND_TOKEN", "s3cret")
+    cfg = load_config(CONFIGS / "otel-plumb.production.yaml")
+    otlp = cfg.exporters.otlp
+    assert otlp is not None and otlp.endpoint.startswith("grpcs://")
+    assert otlp.headers["authorization"] == "Bearer s3cret"
+    for listener in (cfg.receivers.grpc, cfg.receivers.http, cfg.metrics):
+        assert listener.tls is not None and listener.auth is not None
+        assert not listener.endpoint.startswith("127.")
+    files = [*cfg.policies, otlp.state_dir, otlp.dead_letter_file, cfg.verdict_log.path]
+    assert all(f is not None and Path(f).is_absolute() for f in files)
 
 
 def test_unknown_key_names_file_line_and_key(tmp_path: Path) -> None:

@@ -135,11 +135,15 @@ async def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -
 
 
 def start_cli(
-    args: list[str], env: dict[str, str] | None = None, preexec_fn: Callable[[], None] | None = None
+    args: list[str],
+    env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+    cwd: Path | None = None,
 ) -> tuple[subprocess.Popen[str], dict[str, int], list[str]]:
-    """``otel-plumb run ARGS`` in a subprocess; returns it once listening, with its ports and
-    its log lines (read on a thread for the process's life, so the pipe never fills).
-    ``preexec_fn`` runs in the child before it starts (e.g. to lower its resource limits)."""
+    """``otel-plumb run ARGS`` in a subprocess (in ``cwd``, default this one); returns it once
+    listening, with its ports and its log lines (read on a thread for the process's life, so the
+    pipe never fills). ``preexec_fn`` runs in the child before it starts (e.g. to lower its
+    resource limits)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "otel_plumb", "run", *args],
         stderr=subprocess.PIPE,
@@ -147,6 +151,7 @@ def start_cli(
         text=True,
         env={**os.environ, **(env or {})},
         preexec_fn=preexec_fn,
+        cwd=cwd,
     )
     lines: list[str] = []
     ports: dict[str, int] = {}

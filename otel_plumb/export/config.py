@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from otel_plumb.configtypes import Bytes, ConfigModel, Seconds, check_hostport, parse_hostport
+from otel_plumb.configtypes import Bytes, ConfigModel, FilePath, Seconds, check_hostport, parse_hostport
 from otel_plumb.receive.config import ListenerConfig
 from otel_plumb.tls import TLSClientConfig
 
@@ -54,11 +54,11 @@ class OtlpExporterConfig(ConfigModel):
     compression: Literal["none", "gzip"] = "none"
     queue: QueueConfig = QueueConfig()
     retry: RetryConfig = RetryConfig()
-    state_dir: str = Field(default_factory=default_state_dir)
+    state_dir: FilePath = Field(default_factory=default_state_dir)
     # Spans given up (refused as too large even alone, or failing past retry.max_elapsed_time)
     # are appended here as length-prefixed OTLP protobuf records (the Collector file exporter's
     # framing, which `otel-plumb replay` reads); none: only counted.
-    dead_letter_file: str | None = None
+    dead_letter_file: FilePath | None = None
     # Annotation values copied from a verdict (message, expected, got) are cut to this many
     # characters, with a marker saying how many were left out.
     max_annotation_chars: int = Field(default=1024, ge=16)
@@ -104,4 +104,4 @@ class MetricsConfig(ListenerConfig):
 
 
 class VerdictLogConfig(ConfigModel):
-    path: str | None = None
+    path: FilePath | None = None

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, ValidationError
 
 from otel_plumb import yamlfile
-from otel_plumb.configtypes import Bytes, ConfigModel, Seconds, parse_hostport
+from otel_plumb.configtypes import Bytes, ConfigModel, FilePath, Seconds, parse_hostport, resolve_paths
 from otel_plumb.export.config import ExportersConfig, MetricsConfig, VerdictLogConfig
 from otel_plumb.receive.config import ReceiversConfig
 from otel_plumb.redact.config import RedactionConfig
@@ -63,7 +63,7 @@ class ShutdownConfig(ConfigModel):
 class ProcessorConfig(ConfigModel):
     receivers: ReceiversConfig = ReceiversConfig()
     assembly: AssemblyConfig = AssemblyConfig()
-    policies: list[str] = Field(default_factory=list)
+    policies: list[FilePath] = Field(default_factory=list)
     exporters: ExportersConfig = ExportersConfig()
     metrics: MetricsConfig = MetricsConfig()
     verdict_log: VerdictLogConfig = VerdictLogConfig()
@@ -108,7 +108,8 @@ def exposure_errors(config: ProcessorConfig) -> list[str]:
 
 
 def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None) -> ProcessorConfig:
-    """The config from ``path`` (none: SPEC defaults), with ``overrides`` (dotted keys) applied on top."""
+    """The config from ``path`` (none: SPEC defaults), with ``overrides`` (dotted keys) applied on
+    top. Relative file paths in the file resolve against its directory."""
     source = str(path) if path is not None else "<defaults>"
     data: dict[str, Any] = {}
     doc: yamlfile.Document | None = None
@@ -121,7 +122,8 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str,
         loaded = doc.data
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{source}:1: the config must be a mapping of sections")
-        data = loaded or {}
+        # Relative paths in the file are relative to it; overrides (flags) are taken as given.
+        data = resolve_paths(ProcessorConfig, loaded or {}, os.path.dirname(source))
     for dotted, value in (overrides or {}).items():
         target = data
         *parents, leaf = dotted.split(".")

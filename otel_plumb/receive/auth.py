@@ -43,6 +43,7 @@ import grpc
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from otel_plumb.configtypes import FilePath
 from otel_plumb.ratelimit import RateLimitedLog
 
 log = logging.getLogger("otel_plumb.auth")
@@ -62,7 +63,7 @@ class BearerToken(BaseModel):
 
     # The token itself (use ${env:NAME} to keep it out of the file), or a file holding it.
     token: str | None = Field(default=None, min_length=1, repr=False)
-    token_file: str | None = None
+    token_file: FilePath | None = None
     tenant: str | None = Field(default=None, min_length=1, max_length=128)
 
     @model_validator(mode="after")
