@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -62,12 +63,21 @@ def guard_line(record: dict[str, Any] | None) -> str | None:
         "the default for paraphrases from a file: reviewed, used as written"
         if record["source"] == "file" else "the default for generated paraphrases")
     if record["provider"] == "embedding":
-        what = f"embedding (all-MiniLM-L6-v2), kept at cosine similarity of at least {record['min_similarity']}"
+        what = f"embedding (all-MiniLM-L6-v2), similarity at least {record['min_similarity']}"
     elif record["provider"] == "judge":
         what = f"judge (model {record['model']} asked whether the meaning is the same)"
     else:
         what = "none"
     return f"paraphrase guard: {what} ({why})"
+
+
+# What the numbers of a cell mean, one line each, under the terminal summary and the HTML tables.
+MEASURES = {
+    "critical conformance": "complete trials where no critical invariant failed or was indeterminate",
+    "structural": "trials whose tool path (succeeded calls) equals the case's modal baseline path exactly",
+    "parity success": "trials ending in the modal baseline's end state (critical conformance if no state)",
+    "[lo, hi]": "Wilson 95% interval; pass^k: chance that k trials of a case all conform (mean over cases)",
+}
 
 
 def write_json(report: dict[str, Any], path: str | Path) -> None:
@@ -232,6 +242,8 @@ def render_html(report: dict[str, Any], views: list[View] | None = None) -> str:
                          f"{_cell(p['success'][b])}{_cell(p['outcome'])}{_cell(p['path'])}{_cell(p['argument'])}"
                          f"<td class='num'>{diff}</td><td class='num{sig}'>{pv}</td></tr>")
         parts.append("</table>")
+    parts.append("<h2>What the numbers mean</h2><ul>" + "".join(
+        f"<li><b>{e(name)}</b>: {e(text)}</li>" for name, text in MEASURES.items()) + "</ul>")
     errors = [t for t in report["trials"] if t["status"] == "error"]
     if errors:
         parts.append(f"<h2>Trials without a trajectory ({len(errors)})</h2><table><tr><th>trial</th><th>arm</th>"
@@ -291,8 +303,15 @@ def _label(step: dict[str, Any] | None) -> str:
     if isinstance(args, dict) and args:
         shown = " " + ", ".join(f"{k}={v}" for k, v in list(args.items())[:3])
     error = str(step.get("error") or "")
-    mark = f"  ✗ {error[:40]}{'…' if len(error) > 40 else ''}" if error else ""
-    return f"[{step['index']}] {step['name']}{shown}{mark}"
+    failure = f" ({error[:60]}{'…' if len(error) > 60 else ''})" if error else ""
+    # The failure mark goes by the name, so it stays on the first line when the label wraps.
+    return f"[{step['index']}] {step['name']}{' ✗' if error else ''}{shown}{failure}"
+
+
+def failed_invariants(record: dict[str, Any]) -> list[str]:
+    """The invariants a trajectory failed, each with its severity and where and how it failed."""
+    return [f"{v['invariant']} ({v['severity']}): {v.get('message') or 'failed'}"
+            for v in record.get("verdicts") or [] if v.get("verdict") == "fail"]
 
 
 def side_by_side(left: dict[str, Any], right: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None,
@@ -322,14 +341,43 @@ def side_by_side(left: dict[str, Any], right: dict[str, Any]) -> list[tuple[str,
     return rows
 
 
-def render_text(title_left: str, title_right: str, left: dict[str, Any], right: dict[str, Any]) -> str:
+# ``campaign show`` fits a terminal this wide: long steps wrap inside their column.
+SHOW_WIDTH = 100
+
+
+def render_text(title_left: str, title_right: str, left: dict[str, Any], right: dict[str, Any],
+                width: int = SHOW_WIDTH) -> str:
+    """The two trajectories in two columns (differing rows marked ``≠`` and named on the right),
+    each side's status, then the invariants each side failed."""
     rows = side_by_side(left, right)
-    width = max([len(title_left)] + [len(_label(x)) for _, x, _ in rows] + [20]) + 2
-    out = [f"{title_left:<{width}}    {title_right}", f"{'-' * (width - 2):<{width}}    {'-' * (width - 2)}"]
+    tail = max((len(f"  <- {mark}") for mark, _, _ in rows if mark), default=0)
+    col = (width - 4 - tail) // 2
+
+    def cell(text: str) -> list[str]:
+        return textwrap.wrap(text, col, subsequent_indent="    ", break_on_hyphens=False) or [""]
+
+    def row(a: str, b: str, flag: str = "  ", mark: str = "") -> list[str]:
+        lines_a, lines_b = cell(a), cell(b)
+        out = []
+        for i in range(max(len(lines_a), len(lines_b))):
+            x = lines_a[i] if i < len(lines_a) else ""
+            y = lines_b[i] if i < len(lines_b) else ""
+            first = i == 0
+            if first and mark:
+                y = f"{y:<{col}}  <- {mark}"
+            out.append(f"{x:<{col}}  {flag if first else '  '}{y}".rstrip())
+        return out
+
+    out = [*row(title_left, title_right), f"{'-' * col}    {'-' * col}"]
     for mark, x, y in rows:
-        flag = "  " if not mark else "≠ "
-        out.append(f"{_label(x):<{width}}{flag}  {_label(y)}" + (f"   <- {mark}" if mark else ""))
-    out.append(f"{left.get('status', ''):<{width}}    {right.get('status', '')}")
+        out += row(_label(x), _label(y), "≠ " if mark else "  ", mark)
+    out += row(str(left.get("status", "")), str(right.get("status", "")))
+    for title, record in ((title_left, left), (title_right, right)):
+        failed = failed_invariants(record)
+        count = f"failed {len(failed)} invariant{'s' if len(failed) != 1 else ''}"
+        out.append(f"{title}: {count if failed else 'no invariant failed'}")
+        for line in failed:
+            out += textwrap.wrap(line, width, initial_indent="  ", subsequent_indent="      ")
     return "\n".join(out)
 
 
@@ -338,8 +386,13 @@ def _aligned_table(title_left: str, left: dict[str, Any], title_right: str, righ
     body = "".join(
         f"<tr class='{'diff' if mark else ''}'><td>{e(_label(x))}</td><td class='muted'>{e(mark)}</td>"
         f"<td>{e(_label(y))}</td></tr>" for mark, x, y in side_by_side(left, right))
+    failed = "".join(
+        f"<p><b>{e(title)}</b>: {'failed' if lines else 'no invariant failed'}</p>"
+        + ("<ul>" + "".join(f"<li>{e(line)}</li>" for line in lines) + "</ul>" if lines else "")
+        for title, lines in ((title_left, failed_invariants(left)), (title_right, failed_invariants(right))))
     return (f"<table><tr><th>{e(title_left)}</th><th></th><th>{e(title_right)}</th></tr>{body}"
-            f"<tr><th>{e(str(left.get('status')))}</th><th></th><th>{e(str(right.get('status')))}</th></tr></table>")
+            f"<tr><th>{e(str(left.get('status')))}</th><th></th><th>{e(str(right.get('status')))}</th></tr></table>"
+            f"{failed}")
 
 
 def render_show_html(title_left: str, title_right: str, left: dict[str, Any], right: dict[str, Any]) -> str:

@@ -86,7 +86,8 @@ def _p(value: float) -> str:
 
 
 def _summary(report: dict[str, Any]) -> None:
-    from otel_plumb.campaign.reports import guard_line
+    """The report in a terminal: lines of at most 100 columns, the measures explained last."""
+    from otel_plumb.campaign.reports import MEASURES, guard_line
 
     click.echo(f"campaign {report['campaign']}  run {report['run_id']}  ({report['run_status']}, "
                f"{len(report['trials'])} trials)")
@@ -95,28 +96,38 @@ def _summary(report: dict[str, Any]) -> None:
         click.echo(guard)
     for arm, data in report["arms"].items():
         click.echo(f"\narm {arm}")
-        click.echo(f"  {'perturbation':<12} {'trials':>6} {'err':>4} {'disc':>4}  {'critical conformance':<24} "
-                   f"{'structural':<24} pass^1")
+        click.echo(f"  {'perturbation':<12} {'trials':>6} {'err':>4} {'disc':>4}  {'critical conformance':<22} "
+                   f"{'structural':<22} pass^1")
         for name, p in data["perturbations"].items():
+            pass1 = p["pass_k"].get("1")
             click.echo(f"  {name:<12} {p['trials']:>6} {p['errors']:>4} {p['discarded']['count']:>4}  "
-                       f"{_pct(p['critical_conformance']):<24} {_pct(p['consistency']['structural']):<24} "
-                       f"{p['pass_k'].get('1', float('nan')):.3f}")
+                       f"{_pct(p['critical_conformance']):<22} {_pct(p['consistency']['structural']):<22} "
+                       f"{'n/a' if pass1 is None else f'{pass1:.3f}'}")
         c = data["certificate"]
-        bound = "n/a" if c["bound"] is None else f"{c['bound']:.4f}"
-        click.echo(f"  certificate: bound {bound} (set by {c['perturbation']}); a {c['target']} bound needs "
-                   f"{c['runs_needed']} clean runs per perturbation")
+        if c["bound"] is None:
+            click.echo("  certificate: none (no trial of this arm has a trajectory)")
+        else:
+            click.echo(f"  certificate: {c['bound']:.4f}, set by {c['perturbation']} (a {c['target']} bound "
+                       f"needs {c['runs_needed']} clean runs per perturbation)")
     for pair in report["parity"]:
         _parity_table(pair)
+    click.echo("")
+    for name, text in MEASURES.items():
+        click.echo(f"{name}: {text}")
 
 
 def _parity_table(pair: dict[str, Any]) -> None:
     a, b = pair["arms"]
-    click.echo(f"\nparity {a} vs {b}")
+    click.echo(f"\nparity {a} vs {b} (parity success per arm, difference, permutation p, path agreement)")
+    click.echo(f"  {'perturbation':<12} {('success ' + a)[:22]:<22} {('success ' + b)[:22]:<22} "
+               f"{'difference':>11} {'p':>8} {'path':>7}")
     for name, p in pair["by_perturbation"].items():
-        diff = "n/a" if p["difference"] is None else f"{100 * p['difference']:+6.1f} pts"
+        diff = "n/a" if p["difference"] is None else f"{100 * p['difference']:+.1f} pts"
         pv = "n/a" if p["p_value"] is None else _p(p["p_value"])
-        click.echo(f"  {name:<12} success {_pct(p['success'][a])} vs {_pct(p['success'][b])}  {diff}  p = {pv}"
-                   f"  path agreement {_pct(p['path'])}")
+        path = p["path"]
+        agree = "n/a" if not path or path.get("rate") is None else f"{100 * path['rate']:.1f}%"
+        click.echo(f"  {name:<12} {_pct(p['success'][a]):<22} {_pct(p['success'][b]):<22} {diff:>11} {pv:>8} "
+                   f"{agree:>7}")
 
 
 def _gate_exit(report: dict[str, Any]) -> None:
@@ -244,6 +255,11 @@ def parity(run_ref: str, arm_a: str, arm_b: str, store_path: str | None, json_ou
     if json_out:
         Path(json_out).write_text(json.dumps(result, indent=2) + "\n")
     _parity_table(result)
+    from otel_plumb.campaign.reports import MEASURES
+
+    click.echo("")
+    for name in ("parity success", "[lo, hi]"):
+        click.echo(f"{name}: {MEASURES[name]}")
 
 
 def _trial_records(store: Any, run_id: str, case: str, variant: str, arm: str | None) -> list[tuple[Any, Any]]:
