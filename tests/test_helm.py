@@ -4,16 +4,22 @@ values.schema.json (check-jsonschema), and what it generates loaded by the proce
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import http.client
 import json
 import os
 import re
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import kubernetes_validate
 import pytest
 import yaml
@@ -117,8 +123,9 @@ def test_gateway(tmp_path: Path) -> None:
     (container,) = pod["containers"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    # TLS by default: kubelet probes speak HTTPS (and do not verify the certificate).
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics", "scheme": "HTTPS"}
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/var/lib/otel-plumb", "/tmp", "/etc/otel-plumb/policies"} <= mounts
     header_env = container["env"][0]
@@ -297,9 +304,12 @@ def test_chart_tls_existing_secret_and_insecure() -> None:
     assert volumes["otel-plumb-auth"]["secret"]["secretName"] == "plumb-token"
 
     # Unprotected only when asked for, and then said so in the config.
-    refused = helm("template", "plumb", str(CHART), "--set", "auth.enabled=false")
+    refused = helm("template", "plumb", str(CHART), "--set", "auth.enabled=false", "--set", "tls.enabled=false")
     assert refused.returncode != 0 and "insecure" in refused.stderr
-    docs = render(EXAMPLES / "gateway-values.yaml", "--set", "auth.enabled=false", "--set", "insecure=true")
+    docs = render(
+        EXAMPLES / "gateway-values.yaml",
+        "--set", "auth.enabled=false", "--set", "tls.enabled=false", "--set", "insecure=true",
+    )  # fmt: skip
     config = yaml.safe_load(
         next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config"))["data"][
             "config.yaml"
@@ -307,3 +317,93 @@ def test_chart_tls_existing_secret_and_insecure() -> None:
     )
     assert config["receivers"]["grpc"]["insecure"] is True and "auth" not in config["receivers"]["grpc"]
     assert exposure_errors(load_config(None, {k: config[k] for k in ("receivers", "metrics")})) == []
+
+
+async def test_the_chart_serves_tls_by_default_with_a_certificate_clients_can_verify(tmp_path: Path) -> None:
+    """The gateway's default: a generated CA and certificate for the Service's names. A real
+    processor on the rendered config (paths moved under tmp_path, ports on loopback) completes a
+    verified handshake for the Service name and takes spans from the OTel SDK exporter given
+    ca.crt and the token; a client that does not trust ca.crt fails the handshake."""
+    docs = render(EXAMPLES / "gateway-values.yaml")
+    validate(docs)
+    kinds = by_kind(docs)
+    secrets = {s["metadata"]["name"]: s for s in kinds["Secret"]}
+    tls_secret = secrets["plumb-otel-plumb-tls"]
+    assert tls_secret["type"] == "kubernetes.io/tls"
+    for key in ("tls.crt", "tls.key", "ca.crt"):
+        (tmp_path / key).write_bytes(base64.b64decode(tls_secret["data"][key]))
+    token = base64.b64decode(secrets["plumb-otel-plumb-auth"]["data"]["token"]).decode()
+    (tmp_path / "token").write_text(token)
+    (workload,) = kinds["StatefulSet"]
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["otel-plumb-tls"]["secret"]["secretName"] == "plumb-otel-plumb-tls"
+    (monitor,) = kinds["ServiceMonitor"]
+    tls_config = monitor["spec"]["endpoints"][0]["tlsConfig"]
+    assert tls_config["ca"]["secret"]["name"] == "plumb-otel-plumb-tls"
+    assert tls_config["serverName"] == "plumb-otel-plumb-headless.agents.svc"
+
+    rendered = next(cm for cm in kinds["ConfigMap"] if cm["metadata"]["name"].endswith("-config"))
+    text = rendered["data"]["config.yaml"].replace("/etc/otel-plumb/tls", str(tmp_path))
+    config = yaml.safe_load(text.replace("/etc/otel-plumb/auth/token", str(tmp_path / "token")))
+    for section in (config["receivers"]["grpc"], config["receivers"]["http"], config["metrics"]):
+        assert section["tls"]["cert_file"] == str(tmp_path / "tls.crt")
+        section["endpoint"] = "127.0.0.1:0"
+    for key in ("policies", "exporters", "verdict_log"):
+        config.pop(key, None)
+
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from otel_plumb.processor import Processor
+
+    processor = Processor(load_config(None, config))
+    await processor.start()
+    try:
+        ca = (tmp_path / "ca.crt").read_bytes()
+        context = ssl.create_default_context(cadata=ca.decode())
+        port = processor.metrics_port or 0
+
+        def scrape() -> tuple[int, str]:
+            conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
+            try:
+                # The name Prometheus checks (serverName), on the pod IP it scrapes.
+                conn.sock = context.wrap_socket(
+                    socket.create_connection(("127.0.0.1", port), timeout=5),
+                    server_hostname="plumb-otel-plumb-headless.agents.svc",
+                )
+                conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"})
+                response = conn.getresponse()
+                return response.status, response.read().decode()
+            finally:
+                conn.close()
+
+        status, _ = await asyncio.to_thread(scrape)
+        assert status == 200
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await asyncio.to_thread(
+                lambda: ssl.create_default_context().wrap_socket(
+                    socket.create_connection(("127.0.0.1", port), timeout=5), server_hostname="localhost"
+                )
+            )
+
+        def send() -> None:
+            exporter = OTLPSpanExporter(
+                endpoint=f"localhost:{processor.grpc_port}",
+                credentials=grpc.ssl_channel_credentials(root_certificates=ca),
+                headers={"authorization": f"Bearer {token}"},
+            )
+            provider = TracerProvider(resource=Resource.create({"service.name": "tls-default"}))
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+            with provider.get_tracer("t").start_as_current_span("hello"):
+                pass
+            provider.shutdown()
+
+        await asyncio.to_thread(send)
+        deadline = time.monotonic() + 10
+        while processor.metrics.spans_received.labels("grpc")._value.get() < 1:
+            assert time.monotonic() < deadline, "the span never arrived"
+            await asyncio.sleep(0.05)
+    finally:
+        await processor.stop()

@@ -55,6 +55,11 @@ app.kubernetes.io/component: {{ .Values.mode }}
 {{- default (printf "%s-auth" (include "otel-plumb.fullname" .)) .Values.auth.existingSecret }}
 {{- end }}
 
+{{/* The Secret holding the listeners' certificate (made by the chart unless tls.secretName). */}}
+{{- define "otel-plumb.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "otel-plumb.fullname" .)) .Values.tls.secretName }}
+{{- end }}
+
 {{/* The auth, tls and insecure keys of a listener reachable from outside the pod. */}}
 {{- define "otel-plumb.protection" -}}
 {{- $out := dict }}
@@ -198,6 +203,6 @@ volumeMounts:
 {{- if .Values.tls.enabled }}
 - name: otel-plumb-tls
   secret:
-    secretName: {{ required "tls.secretName is required with tls.enabled" .Values.tls.secretName }}
+    secretName: {{ include "otel-plumb.tlsSecretName" . }}
 {{- end }}
 {{- end }}
