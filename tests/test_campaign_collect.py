@@ -34,7 +34,7 @@ def emit(exporter, traceparent):
     provider = TracerProvider(resource=Resource.create({"service.name": "plain-agent"}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("plain-agent")
-    ctx = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+    ctx = TraceContextTextMapPropagator().extract({"traceparent": traceparent} if traceparent else {})
     with tracer.start_as_current_span("invoke_agent plain", context=ctx) as root:
         root.set_attribute("gen_ai.operation.name", "invoke_agent")
         with tracer.start_as_current_span("execute_tool fetch_invoice") as span:
@@ -55,7 +55,8 @@ print(json.dumps({"output": "done"}))
 '''
 
 # An HTTP agent: arm "grpc" exports with the gRPC exporter to the request's otlp_endpoint,
-# arm "http" with the HTTP exporter to otlp_http_endpoint, arm "quiet" not at all.
+# arm "http" with the HTTP exporter to otlp_http_endpoint, arm "stray" there too but in a
+# trace of its own, arm "quiet" not at all.
 HTTP_AGENT = SPANS + '''
 import asyncio
 from aiohttp import web
@@ -69,6 +70,8 @@ def handle(request, traceparent):
         emit(GrpcExporter(endpoint=request["otlp_endpoint"]), traceparent)
     elif request["arm"] == "http":
         emit(HttpExporter(endpoint=request["otlp_http_endpoint"] + "/v1/traces"), traceparent)
+    elif request["arm"] == "stray":  # a trace of its own: the traceparent is not used
+        emit(HttpExporter(endpoint=request["otlp_http_endpoint"] + "/v1/traces"), None)
     return {"output": "done"}
 
 
@@ -188,3 +191,16 @@ def test_an_agent_that_exports_nothing_is_told_where_to_and_stopped(tmp_path):
     assert SILENT_TRIALS <= len(ran) <= SILENT_TRIALS + 1 < repeats
     assert all(t["status"] == "error" and "no spans arrived" in t["error"] and f"127.0.0.1:{message.group(2)}"
                in t["error"] for t in ran)
+
+
+async def test_spans_outside_the_trial_trace_are_told_apart_from_no_spans(tmp_path):
+    with http_agent(tmp_path) as port:
+        path = write_campaign(tmp_path, f"  stray: {{http: {{url: 'http://127.0.0.1:{port}/run'}}}}\n",
+                              repeats=6, deadline_s=1.5, concurrency=1)
+        store = Store(tmp_path / "runs.db")
+        runner = CampaignRun(load_campaign(path), store)
+        outcome = await runner.execute(runner.start())
+    assert outcome.ran == SILENT_TRIALS and outcome.status == "partial"
+    assert outcome.stopped_arms["stray"].startswith(
+        f"no spans from arm stray after {SILENT_TRIALS} trials: spans did arrive, but in traces of their own")
+    assert "under the traceparent it is sent" in outcome.stopped_arms["stray"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,8 @@ class Matcher:
         self._by_trace: dict[str, Trajectory] = {}
         self._by_trial: dict[str, Trajectory] = {}
         self._waiting: dict[str, asyncio.Future[Trajectory]] = {}
+        # Kept trajectories without a trial id, by trace id: when they were kept.
+        self._unnamed: dict[str, float] = {}
 
     def offer(self, trajectory: Trajectory) -> None:
         keys = list(trajectory.trace_ids)
@@ -57,15 +60,24 @@ class Matcher:
             self._by_trace[key] = trajectory
         if trial:
             self._by_trial[trial] = trajectory
+        elif keys:
+            self._unnamed[keys[0]] = time.monotonic()
 
     def take(self, trace_id: str, trial_id: str) -> Trajectory | None:
         found = self._by_trace.pop(trace_id, None) or self._by_trial.pop(trial_id, None)
         if found is not None:
             for key in found.trace_ids:
                 self._by_trace.pop(key, None)
+                self._unnamed.pop(key, None)
             if found.trial_id:
                 self._by_trial.pop(found.trial_id, None)
         return found
+
+    def strays(self, older_than_s: float) -> int:
+        """Trajectories no trial has claimed for ``older_than_s``, in traces of their own and
+        without a trial id: spans an agent exported outside the trial's trace context."""
+        cutoff = time.monotonic() - older_than_s
+        return sum(1 for at in self._unnamed.values() if at <= cutoff)
 
     async def wait(self, trace_id: str, trial_id: str, deadline_s: float) -> Trajectory:
         found = self.take(trace_id, trial_id)
@@ -158,7 +170,14 @@ class EmbeddedReceiver(TraceSource):
             spans = self.processor.intake.buffered_spans(trace_id)
             if not spans:
                 assert self.endpoints is not None
-                hint = f"the agent must export OTLP to {self.endpoints.describe()}"
+                # A trial asks for its trajectory as soon as its agent answers: one left unclaimed
+                # for a second is nobody's.
+                strays = self.matcher.strays(1.0)
+                if strays:
+                    hint = (f"spans did arrive, but in traces of their own ({strays} so far): the agent must start "
+                            "them in the trial's trace, under the traceparent it is sent")
+                else:
+                    hint = f"the agent must export OTLP to {self.endpoints.describe()}"
                 raise NoSpans(f"no spans arrived for trace {trace_id} within {deadline_s:g}s ({hint})", hint) from None
             # Spans came but the trace never completed: an incomplete (indeterminate) trajectory.
             return build_trajectory(trace_id, list(spans), complete=False, incomplete_reason="max_wait")
