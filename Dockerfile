@@ -1,8 +1,9 @@
 # otel-plumb: the live processor (`otel-plumb run`) and the offline commands, as a non-root image.
 #   docker build -t otel-plumb .
 #   docker run -e OTEL_PLUMB_TOKEN="$(openssl rand -hex 24)" -p 4317:4317 -p 4318:4318 -p 9464:9464 otel-plumb
-# By default every listener requires that bearer token (configs/docker.yaml); a config of your
-# own (with TLS, say) replaces it:
+# By default every listener is on TLS (a self-signed certificate made at the first start unless
+# one is mounted) and requires that bearer token (configs/docker.yaml); a config of your own
+# replaces it:
 #   docker run -p 4317:4317 -v $PWD/plumb.yaml:/etc/otel-plumb/plumb.yaml:ro otel-plumb \
 #     run --config /etc/otel-plumb/plumb.yaml --state-dir /var/lib/otel-plumb
 FROM python:3.11-slim AS build
@@ -28,7 +29,9 @@ WORKDIR /var/lib/otel-plumb
 VOLUME ["/var/lib/otel-plumb"]
 # OTLP/gRPC (and the VerdictService Watch stream), OTLP/HTTP, metrics with /healthz and /readyz.
 EXPOSE 4317 4318 9464
+# The listener serves TLS (configs/docker.yaml) or, with a config of your own, maybe plaintext:
+# a local liveness probe, like the kubelet's, does not verify the certificate.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
-  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=2)"]
+  CMD ["python", "-c", "import ssl, urllib.request as u\ntry: u.urlopen('https://127.0.0.1:9464/healthz', timeout=2, context=ssl._create_unverified_context())\nexcept OSError: u.urlopen('http://127.0.0.1:9464/healthz', timeout=2)"]
 ENTRYPOINT ["otel-plumb"]
 CMD ["run", "--config", "/etc/otel-plumb/docker.yaml", "--state-dir", "/var/lib/otel-plumb"]

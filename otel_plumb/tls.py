@@ -26,6 +26,7 @@ import time
 from typing import Literal
 
 import grpc
+from pydantic import Field
 
 from otel_plumb.configtypes import ConfigModel, FilePath, Seconds
 
@@ -42,6 +43,11 @@ class TLSServerConfig(ConfigModel):
     min_version: Literal["1.2", "1.3"] = "1.2"
     # The files are looked at this often and, when changed, served to new connections; 0: never.
     reload_interval: Seconds = 0.0
+    # When neither cert_file nor key_file exists at start: make a CA (ca.crt beside cert_file)
+    # and a certificate it signs for ``self_signed_names``, so TLS is on from the first start
+    # (the Docker image); clients then trust that ca.crt. Files that exist are used as they are.
+    self_signed_if_missing: bool = False
+    self_signed_names: list[str] = Field(default_factory=lambda: ["localhost", "127.0.0.1"])
 
 
 class TLSClientConfig(ConfigModel):
@@ -96,8 +102,71 @@ def _paths(cfg: TLSServerConfig) -> list[str]:
     return [cfg.cert_file, cfg.key_file, *([cfg.client_ca_file] if cfg.client_ca_file else [])]
 
 
+def self_signed(cfg: TLSServerConfig, key: str) -> bool:
+    """Make the CA and certificate of ``self_signed_if_missing`` when neither file exists;
+    True when they were made. The key is written readable by its owner only."""
+    if not cfg.self_signed_if_missing or os.path.exists(cfg.cert_file) or os.path.exists(cfg.key_file):
+        return False
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    lifetime = datetime.timedelta(days=3650)
+
+    def build(subject: str, issuer: x509.Name | None, signer: ec.EllipticCurvePrivateKey | None,
+              public: ec.EllipticCurvePrivateKey, ca: bool) -> x509.Certificate:
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+        builder = (
+            x509.CertificateBuilder().subject_name(name).issuer_name(issuer or name)
+            .public_key(public.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + lifetime)
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )  # fmt: skip
+        if not ca:
+            sans: list[x509.GeneralName] = []
+            for n in cfg.self_signed_names:
+                try:
+                    sans.append(x509.IPAddress(ipaddress.ip_address(n)))
+                except ValueError:
+                    sans.append(x509.DNSName(n))
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        return builder.sign(signer or public, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = build("otel-plumb self-signed CA", None, None, ca_key, ca=True)
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    server_cert = build(cfg.self_signed_names[0] if cfg.self_signed_names else "otel-plumb",
+                        ca_cert.subject, ca_key, server_key, ca=False)  # fmt: skip
+    pem = serialization.Encoding.PEM
+    ca_path = os.path.join(os.path.dirname(cfg.cert_file) or ".", "ca.crt")
+    try:
+        os.makedirs(os.path.dirname(cfg.cert_file) or ".", exist_ok=True)
+        with open(cfg.key_file, "wb", opener=lambda p, f: os.open(p, f, 0o600)) as f:
+            f.write(server_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        with open(cfg.cert_file, "wb") as f:
+            f.write(server_cert.public_bytes(pem))
+        with open(ca_path, "wb") as f:
+            f.write(ca_cert.public_bytes(pem))
+    except OSError as exc:
+        problem = exc.strerror or exc
+        raise TLSError(f"{key}: cannot write a self-signed certificate to {cfg.cert_file}: {problem}") from None
+    fingerprint = ca_cert.fingerprint(hashes.SHA256()).hex(":")
+    log.warning(
+        "%s: no certificate at %s; made a self-signed one for %s. Clients trust %s (SHA-256 %s); "
+        "mount certificates of your own there to replace it", key, cfg.cert_file,
+        ", ".join(cfg.self_signed_names), ca_path, fingerprint,
+    )  # fmt: skip
+    return True
+
+
 def server_context(cfg: TLSServerConfig, key: str) -> ssl.SSLContext:
     """A server context from ``cfg``'s files; ``TLSError`` naming ``key`` if they are unusable."""
+    self_signed(cfg, key)
     _server_files(cfg, key)  # readable, with the key that failed named
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = _VERSIONS[cfg.min_version]
