@@ -139,6 +139,11 @@ class Metrics:
         self.queue_resets = Counter(
             "plumb_queue_reset", "Corrupt queue files moved aside for a fresh queue.", registry=r
         )
+        # Not in the fixed SPEC set: decided trajectories for the console's store, by outcome
+        # (written, dropped when its queue was full, failed to write).
+        self.store_records = counter(
+            "plumb_store_records", "Decided trajectories handed to the trajectory store.", ["outcome"]
+        )
         # Not in the fixed SPEC set: refused attempts on authenticated listeners, and spans by
         # the tenant of the credential they came with (receive.auth).
         self.auth_failures = counter(

@@ -23,6 +23,7 @@ from otel_plumb.configtypes import Bytes, ConfigModel, FilePath, Seconds, parse_
 from otel_plumb.export.config import ExportersConfig, MetricsConfig, VerdictLogConfig
 from otel_plumb.receive.config import ReceiversConfig
 from otel_plumb.redact.config import RedactionConfig
+from otel_plumb.store.config import StoreConfig
 
 
 class ConfigError(ValueError):
@@ -72,6 +73,8 @@ class ProcessorConfig(ConfigModel):
     # What leaves the processor (annotations, events, verdict log, Watch, forwarded spans when
     # asked), with secrets masked, hashed, cut or dropped; checks run on the real values.
     redaction: RedactionConfig | None = None
+    # The console's trajectory store (off unless given).
+    store: StoreConfig | None = None
 
 
 def is_loopback(host: str) -> bool:

@@ -19,6 +19,7 @@ from otel_plumb.export.metrics import Metrics
 from otel_plumb.export.verdict_log import VerdictLog
 from otel_plumb.model import Decided, Verdict
 from otel_plumb.report.records import decided_record
+from otel_plumb.store import StoreWriter
 from otel_plumb.watch import VerdictHub
 
 log = logging.getLogger("otel_plumb.processor")
@@ -119,6 +120,18 @@ class HubConsumer:
             return
         for d in decisions:
             self.hub.publish(d.record)
+
+
+class StoreConsumer:
+    """Final decisions, as emitted (redacted), to the console's trajectory store."""
+
+    def __init__(self, writer: StoreWriter) -> None:
+        self.writer = writer
+
+    async def consume(self, decisions: Sequence[Decision]) -> None:
+        for d in decisions:
+            if d.decided.decision == "final":
+                self.writer.offer(d.record)
 
 
 class CallbackConsumer:

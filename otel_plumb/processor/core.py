@@ -52,6 +52,7 @@ from otel_plumb.processor.consumers import (
     HubConsumer,
     LogConsumer,
     MetricsConsumer,
+    StoreConsumer,
     VerdictLogConsumer,
 )
 from otel_plumb.ratelimit import RateLimitedLog
@@ -59,6 +60,7 @@ from otel_plumb.receive import auth, connections, grpc_server, http_server
 from otel_plumb.receive.otlp import attributes, span_record
 from otel_plumb.receive.sink import IngestResult, Throttled
 from otel_plumb.redact import Scrub
+from otel_plumb.store import StoreWriter
 from otel_plumb.tls import TLSServerConfig
 from otel_plumb.watch import VerdictHub
 
@@ -124,6 +126,14 @@ class Processor:
         if self._verdict_log is not None:
             self.consumers.append(VerdictLogConsumer(self._verdict_log))
         self.consumers += [HubConsumer(self.hub), self._callbacks]
+        # The console's trajectory store: written on a thread of its own, never waited for.
+        self._store = (
+            StoreWriter(config.store, lambda outcome, n: self.metrics.store_records.labels(outcome).inc(n))
+            if config.store is not None
+            else None
+        )
+        if self._store is not None:
+            self.consumers.append(StoreConsumer(self._store))
         if self.exporter is not None:
             self.consumers.append(_ExportConsumer(self))
         # Per trace in flight: when its last span arrived (decision latency), and which
@@ -190,6 +200,8 @@ class Processor:
         http_tls = self._server_tls(http.tls, "receivers.http.tls") if http.enabled else None
         metrics_tls = self._server_tls(cfg.metrics.tls, "metrics.tls") if cfg.metrics.endpoint else None
         max_bytes = int(cfg.receivers.max_message_mib * 1024 * 1024)
+        if self._store is not None:
+            self._store.start()
         if self.exporter is not None:
             await self.exporter.start()
             if self._annotate:
@@ -357,6 +369,8 @@ class Processor:
         self._runners = []
         if self._verdict_log is not None:
             self._verdict_log.close()
+        if self._store is not None:
+            await asyncio.to_thread(self._store.stop)
         self.hub.close()
         self._started = False
         self._stopped, self._flushed = True, flushed

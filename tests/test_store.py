@@ -1,0 +1,197 @@
+"""The trajectory store: every filter against a plain Python filter of the same records
+(property), keyset pages that neither skip nor repeat, retention by age and size, read-only
+opening, and a live processor filling it with what it decided (redacted)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_live_support import agent_provider, config, run_agent, wait_until
+
+from otel_plumb.demo.agent import INVOICES
+from otel_plumb.demo.run import policy_path
+from otel_plumb.model import SEVERITIES, Decided
+from otel_plumb.processor import Processor
+from otel_plumb.store import Filters, QueryError, StoreConfig, StoreWriter, TrajectoryStore
+
+POLICIES = ("pay", "refund")
+INVARIANTS = ("must-check", "no-double", "amount")
+STATUSES = ("conformant", "violating", "indeterminate", "unchecked")
+
+
+@st.composite
+def records(draw: st.DrawFn, index: int) -> dict[str, Any]:
+    status = draw(st.sampled_from(STATUSES))
+    verdicts = []
+    if status != "unchecked":
+        for policy in draw(st.lists(st.sampled_from(POLICIES), min_size=1, max_size=2, unique=True)):
+            for invariant in draw(st.lists(st.sampled_from(INVARIANTS), min_size=1, max_size=3, unique=True)):
+                verdicts.append({
+                    "policy": policy, "invariant": invariant,
+                    "verdict": draw(st.sampled_from(["pass", "fail", "not_applicable", "indeterminate"])),
+                    "severity": draw(st.sampled_from(SEVERITIES)), "step_index": None,
+                })  # fmt: skip
+    return {
+        "trace_id": f"{index:032x}", "key": f"INV-{index % 7}", "agent": draw(st.sampled_from(["a", "b", None])),
+        "service": draw(st.sampled_from(["svc1", "svc2"])), "status": status, "verdicts": verdicts, "steps": [],
+    }  # fmt: skip
+
+
+def expected(rows: list[tuple[float, dict[str, Any]]], f: Filters) -> list[str]:
+    """The trace ids a filter must give, newest first, worked out without SQL."""
+    out = []
+    for at, r in rows:
+        if any(getattr(f, k) is not None and r.get(k) != getattr(f, k) for k in ("status", "agent", "service", "key")):
+            continue
+        if (f.since is not None and at < f.since) or (f.until is not None and at >= f.until):
+            continue
+        vs = r["verdicts"]
+        if f.policy is not None:
+            vs = [v for v in vs if v["policy"] == f.policy]
+        if f.invariant is not None:
+            vs = [v for v in vs if v["invariant"] == f.invariant]
+        if f.severity is not None:
+            floor = SEVERITIES.index(f.severity)
+            vs = [v for v in vs if v["verdict"] == "fail" and SEVERITIES.index(v["severity"]) <= floor]
+        elif f.invariant is not None:
+            vs = [v for v in vs if v["verdict"] == "fail"]
+        if (f.policy or f.invariant or f.severity) and not vs:
+            continue
+        out.append((at, r["trace_id"]))
+    return [t for _, t in sorted(out, reverse=True)]
+
+
+@st.composite
+def filters(draw: st.DrawFn) -> Filters:
+    pick = lambda values: draw(st.sampled_from([None, *values]))  # noqa: E731
+    since = draw(st.sampled_from([None, 3.0, 10.0]))
+    return Filters(
+        policy=pick(POLICIES), invariant=pick(INVARIANTS), severity=pick(SEVERITIES), status=pick(STATUSES),
+        agent=pick(["a", "b"]), service=pick(["svc1", "svc2"]), key=pick(["INV-1", "INV-3"]), since=since,
+        until=draw(st.sampled_from([None, 15.0])),
+    )  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_every_filter_and_page_gives_what_a_plain_filter_gives(tmp_path_factory: pytest.TempPathFactory,
+                                                                data: st.DataObject) -> None:  # fmt: skip
+    store = TrajectoryStore(tmp_path_factory.mktemp("store") / "t.sqlite")
+    n = data.draw(st.integers(0, 40))
+    rows = []
+    for i in range(n):
+        at = float(data.draw(st.integers(0, 20)))  # ties in time on purpose: pages must still be exact
+        record = data.draw(records(i))
+        store.add([record], "live", decided_at=at)
+        rows.append((at, record))
+    for _ in range(4):
+        f = data.draw(filters())
+        limit = data.draw(st.integers(1, 7))
+        got, cursor, pages = [], None, 0
+        while True:
+            items, cursor = store.find(f, limit=limit, cursor=cursor)
+            assert len(items) <= limit
+            got += [i["trace_id"] for i in items]
+            pages += 1
+            if cursor is None:
+                break
+            assert pages <= n + 1
+        assert got == expected(rows, f)
+    store.close()
+
+
+def test_one_trajectory_by_id_trace_or_key_and_bad_queries(tmp_path: Path) -> None:
+    store = TrajectoryStore(tmp_path / "t.sqlite")
+    record = {"trace_id": "ab" * 16, "key": "INV-9", "status": "violating", "steps": [{"name": "<script>"}],
+              "verdicts": [{"policy": "p", "invariant": "i", "verdict": "fail", "severity": "high"}]}  # fmt: skip
+    store.add([record], "replay", run_id="r1", decided_at=5.0)
+    by_trace = store.get("ab" * 16)
+    assert by_trace is not None and by_trace["steps"][0]["name"] == "<script>" and by_trace["source"] == "replay"
+    assert store.get("INV-9") == by_trace == store.get(str(by_trace["id"]))
+    assert store.get("nothing") is None
+    with pytest.raises(QueryError, match="cursor"):
+        store.find(Filters(), cursor="not-a-cursor")
+    with pytest.raises(QueryError, match="limit"):
+        store.find(Filters(), limit=0)
+    with pytest.raises(QueryError, match="severity"):
+        store.find(Filters(severity="urgent"))
+    store.close()
+
+
+def test_retention_by_age_and_by_size(tmp_path: Path) -> None:
+    store = TrajectoryStore(tmp_path / "t.sqlite")
+    big = {"trace_id": "", "status": "conformant", "verdicts": [], "steps": [{"args": "x" * 4000}]}
+    for i in range(300):
+        store.add([{**big, "trace_id": f"{i:032x}"}], "live", decided_at=1000.0 + i)
+    assert store.expire(max_age=100.0, max_bytes=1 << 30, now=1300.0) == 200  # older than 1200
+    assert [r["trace_id"] for r in store.find(Filters(), limit=500)[0]][-1] == f"{200:032x}"
+    before = store.bytes_used()
+    limit = before // 3
+    deleted = store.expire(max_age=1e9, max_bytes=limit, now=1300.0)
+    assert deleted > 0 and store.bytes_used() <= limit
+    newest = store.find(Filters(), limit=1)[0]
+    assert newest[0]["trace_id"] == f"{299:032x}"  # the oldest went first
+    store.close()
+
+
+def test_the_console_opens_the_store_read_only(tmp_path: Path) -> None:
+    path = tmp_path / "t.sqlite"
+    TrajectoryStore(path).close()
+    reader = TrajectoryStore(path, readonly=True)
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        reader.add([{"trace_id": "x", "status": "conformant", "verdicts": []}], "live")
+    reader.close()
+    with pytest.raises(FileNotFoundError, match="no such store"):
+        TrajectoryStore(tmp_path / "missing.sqlite", readonly=True)
+
+
+def test_a_full_queue_drops_and_counts_and_never_waits(tmp_path: Path) -> None:
+    outcomes: dict[str, int] = {}
+    writer = StoreWriter(StoreConfig(path=str(tmp_path / "t.sqlite"), max_pending=3),
+                         lambda o, n: outcomes.__setitem__(o, outcomes.get(o, 0) + n))  # fmt: skip
+    # Not started: nothing takes from the queue.
+    accepted = [writer.offer({"trace_id": str(i), "status": "conformant", "verdicts": []}) for i in range(5)]
+    assert accepted == [True, True, True, False, False] and outcomes == {"dropped": 2}
+    writer.start()
+    writer.stop()
+    assert outcomes["written"] == 3
+    reader = TrajectoryStore(tmp_path / "t.sqlite", readonly=True)
+    assert len(reader.find(Filters())[0]) == 3
+    reader.close()
+
+
+async def test_a_running_processor_stores_what_it_decided(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite"
+    redaction = {"patterns": ["email"], "paths": [{"path": "vendor", "action": "hash"}]}
+    processor = Processor(config(tmp_path, policies=[str(policy_path())], store={"path": str(path)},
+                                 redaction=redaction))  # fmt: skip
+    decided: list[Decided] = []
+    processor.on_decided(decided.append)
+    await processor.start()
+    try:
+        provider, _ = agent_provider(processor.grpc_port or 0)
+        await asyncio.to_thread(run_agent, provider)
+        await wait_until(lambda: len(decided) == len(INVOICES), 20, "every trajectory decided")
+    finally:
+        await processor.stop()
+    store = TrajectoryStore(path, readonly=True)
+    items, _ = store.find(Filters(), limit=500)
+    assert sorted(i["trace_id"] for i in items) == sorted(d.trajectory.trace_id for d in decided)
+    vendors: list[str] = []
+    for d in decided:
+        stored = store.get(d.trajectory.trace_id)
+        assert stored is not None and stored["status"] == d.status
+        assert [(v["invariant"], v["verdict"]) for v in stored["verdicts"]] == [
+            (v.invariant, v.verdict) for v in d.verdicts
+        ]
+        vendors += [s["args"]["vendor"] for s in stored["steps"] if s["name"] == "check_vendor_status" and s["args"]]
+    assert vendors and all(v.startswith("[hmac:") for v in vendors)  # what leaves the processor is redacted
+    violating = {d.trajectory.trace_id for d in decided if d.status == "violating"}
+    assert {i["trace_id"] for i in store.find(Filters(status="violating"), limit=500)[0]} == violating
+    store.close()
