@@ -30,11 +30,10 @@ from typing import IO, Any, cast
 import ijson
 import zstandard
 from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.receive.jaeger import is_jaeger_trace, trace_records
-from otel_plumb.receive.otlp import resource_spans_records
+from otel_plumb.receive.otlp import decode_request
 from otel_plumb.receive.otlp_json_spans import request_spans
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -392,24 +391,17 @@ def _payload_records(name: str, payload: bytes, offset: int) -> list[Item]:
             return [ReadError(name, f"malformed JSON record: {exc}", offset=offset)]
         return list(_json_records(name, obj, offset=offset))
     try:
-        request = ExportTraceServiceRequest.FromString(payload)
+        records = decode_request(payload)
     except (DecodeError, RuntimeError) as exc:
         return [ReadError(name, f"not an OTLP protobuf record: {_short(exc)}", offset=offset)]
-    return _request_records(name, request, None, offset)
-
-
-def _request_records(
-    name: str, request: ExportTraceServiceRequest, line: int | None, offset: int | None
-) -> list[Item]:
     out: list[Item] = []
-    for rs in request.resource_spans:
-        for record, _ in resource_spans_records(rs):
-            if len(record.trace_id) != 32 or len(record.span_id) != 16:
-                message = f"span {record.name!r} has an invalid trace or span id ({record.trace_id!r})"
-                trace_id = record.trace_id if len(record.trace_id) == 32 else None
-                out.append(ReadError(name, message, line, offset, trace_id))
-            else:
-                out.append(record)
+    for record in records:
+        if len(record.trace_id) != 32 or len(record.span_id) != 16:
+            message = f"span {record.name!r} has an invalid trace or span id ({record.trace_id!r})"
+            trace_id = record.trace_id if len(record.trace_id) == 32 else None
+            out.append(ReadError(name, message, offset=offset, trace_id=trace_id))
+        else:
+            out.append(record)
     return out
 
 

@@ -1,8 +1,15 @@
-"""OTLP protobuf messages -> SpanRecord. Shared by the network receivers and the file readers."""
+"""OTLP protobuf messages -> SpanRecord. Shared by the network receivers and the file readers.
+
+``decode_request`` turns serialized request bytes into records with the compiled decoder
+(``_otlp_native.c``) when it was built and imports, else with the protobuf runtime and the
+functions below; both give the same records and reject the same bytes with the same
+``DecodeError``. ``OTEL_PLUMB_PURE_PYTHON=1`` forces the latter; ``DECODER`` names the one in use.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -10,6 +17,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
 
 from otel_plumb.model.span import SpanEvent, SpanRecord
+
+PURE_PYTHON_ENV = "OTEL_PLUMB_PURE_PYTHON"
 
 
 def any_value(value: AnyValue) -> Any:
@@ -76,6 +85,28 @@ def request_records(request: ExportTraceServiceRequest) -> Iterator[SpanRecord]:
     for rs in request.resource_spans:
         for record, _ in resource_spans_records(rs):
             yield record
+
+
+def pure_decode_request(data: bytes) -> list[SpanRecord]:
+    """The spans of a serialized ExportTraceServiceRequest, through the protobuf runtime.
+    Raises ``google.protobuf.message.DecodeError`` on malformed bytes."""
+    return list(request_records(ExportTraceServiceRequest.FromString(data)))
+
+
+def _native_decoder() -> tuple[Callable[[bytes], list[SpanRecord]] | None, str]:
+    """The compiled decoder, or None and why not."""
+    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        return None, f"{PURE_PYTHON_ENV} is set"
+    try:
+        from otel_plumb.receive import _otlp_native  # type: ignore[attr-defined]
+    except ImportError as exc:
+        return None, f"no compiled decoder: {exc}"
+    return _otlp_native.decode_request, "compiled"
+
+
+native_decode_request, DECODER_DETAIL = _native_decoder()
+DECODER = "native" if native_decode_request else "pure-python"
+decode_request: Callable[[bytes], list[SpanRecord]] = native_decode_request or pure_decode_request
 
 
 def to_key_values(values: dict[str, Any]) -> list[KeyValue]:

@@ -1,0 +1,918 @@
+/* OTLP ExportTraceServiceRequest bytes -> SpanRecords, walking the wire format directly.
+ *
+ * The records are the ones otel_plumb.receive.otlp.request_records builds from the protobuf
+ * runtime's (upb's) parse, and the bytes it accepts are the ones upb accepts: every field
+ * upb parses is checked here too (UTF-8 of every string field, links, scope attributes,
+ * entity refs included), with upb's rules for what a wire type mismatch, a duplicate or
+ * repeated singular message (merged), a oneof member set twice, an unknown group, or the
+ * nesting limit (100 levels below the request, messages and groups alike) means. Errors
+ * raise google.protobuf.message.DecodeError with upb's message, and when bytes have two
+ * faults, upb's is the one reported: fields are read against the end of the buffer and the
+ * end of their message is checked after each one (a string running past its message is
+ * checked for UTF-8 first), while a submessage longer than its parent is refused at once.
+ *
+ * Every read is checked against the end of its message; recursion is bounded by the depth
+ * limit; nothing built for a request that turns out malformed is kept.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+#define DEPTH_LIMIT 100
+
+enum { OK = 0, E_CORRUPT = 1, E_DEPTH = 2, E_UTF8 = 3, E_PYTHON = 4 };
+
+typedef const uint8_t *ptr;
+
+typedef struct {
+    int depth; /* levels left */
+    int err;
+    ptr end;   /* of the whole buffer */
+} Dec;
+
+/* --- state set up at import ------------------------------------------------------------- */
+
+static PyObject *DecodeError;
+static PyTypeObject *SpanRecordType;
+static PyObject *SpanEventType;
+static PyObject *empty_str;
+
+/* SpanRecord's slots, in the order the fields are written below. */
+static const char *const RECORD_SLOTS[] = {
+    "trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns", "end_ns", "status_code",
+    "status_message", "attributes", "events", "resource", "scope_name",
+};
+enum {
+    S_TRACE_ID, S_SPAN_ID, S_PARENT, S_NAME, S_KIND, S_START, S_END, S_STATUS_CODE, S_STATUS_MESSAGE,
+    S_ATTRIBUTES, S_EVENTS, S_RESOURCE, S_SCOPE_NAME, N_SLOTS
+};
+static Py_ssize_t slot_offset[N_SLOTS];
+
+#define SLOT(obj, i) (*(PyObject **)((char *)(obj) + slot_offset[i]))
+
+/* --- wire primitives -------------------------------------------------------------------- */
+
+static inline int fail(Dec *d, int err) {
+    if (!d->err) d->err = err;
+    return -1;
+}
+
+/* A varint of at most 10 bytes; bits past 64 are dropped, as upb does. */
+static inline int read_varint(Dec *d, ptr *pp, ptr end, uint64_t *out) {
+    ptr p = *pp;
+    uint64_t v = 0;
+    for (int i = 0; i < 10; i++) {
+        if (p >= end) return fail(d, E_CORRUPT);
+        uint64_t b = *p++;
+        v |= (b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) {
+            *pp = p;
+            *out = v;
+            return 0;
+        }
+    }
+    return fail(d, E_CORRUPT);
+}
+
+/* Tags and lengths: at most 5 bytes and 32 bits. */
+static inline int read_varint32(Dec *d, ptr *pp, ptr end, uint64_t *out) {
+    ptr p = *pp;
+    uint64_t v = 0;
+    for (int i = 0; i < 5; i++) {
+        if (p >= end) return fail(d, E_CORRUPT);
+        uint64_t b = *p++;
+        v |= (b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) {
+            if (v > 0xffffffffu) return fail(d, E_CORRUPT);
+            *pp = p;
+            *out = v;
+            return 0;
+        }
+    }
+    return fail(d, E_CORRUPT);
+}
+
+/* Inside an unknown group upb takes field number 0 too; in a message it is corrupt. */
+static inline int read_any_tag(Dec *d, ptr *pp, ptr end, uint32_t *field, int *wt) {
+    uint64_t v;
+    if (read_varint32(d, pp, end, &v) < 0) return -1;
+    *field = (uint32_t)(v >> 3);
+    *wt = (int)(v & 7);
+    return 0;
+}
+
+static inline int read_tag(Dec *d, ptr *pp, ptr end, uint32_t *field, int *wt) {
+    if (read_any_tag(d, pp, end, field, wt) < 0) return -1;
+    if (*field == 0) return fail(d, E_CORRUPT);
+    return 0;
+}
+
+static inline int read_len(Dec *d, ptr *pp, ptr end, ptr *start, ptr *stop) {
+    uint64_t n;
+    if (read_varint32(d, pp, end, &n) < 0) return -1;
+    if (n > (uint64_t)(end - *pp)) return fail(d, E_CORRUPT);
+    *start = *pp;
+    *stop = *pp + n;
+    *pp = *stop;
+    return 0;
+}
+
+static inline int read_fixed64(Dec *d, ptr *pp, ptr end, uint64_t *out) {
+    if (end - *pp < 8) return fail(d, E_CORRUPT);
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | (*pp)[i];
+    *pp += 8;
+    *out = v;
+    return 0;
+}
+
+static int skip_field(Dec *d, ptr *pp, ptr end, uint32_t field, int wt);
+
+/* The body of an unknown group, up to its end tag (same field number). */
+static int skip_group(Dec *d, ptr *pp, ptr end, uint32_t group) {
+    if (--d->depth < 0) return fail(d, E_CORRUPT);
+    for (;;) {
+        uint32_t field;
+        int wt;
+        if (*pp >= end) return fail(d, E_CORRUPT);
+        if (read_any_tag(d, pp, end, &field, &wt) < 0) return -1;
+        if (wt == 4) {
+            if (field != group) return fail(d, E_CORRUPT);
+            d->depth++;
+            return 0;
+        }
+        if (skip_field(d, pp, end, field, wt) < 0) return -1;
+    }
+}
+
+static int skip_field(Dec *d, ptr *pp, ptr end, uint32_t field, int wt) {
+    uint64_t v;
+    ptr a, b;
+    switch (wt) {
+    case 0:
+        return read_varint(d, pp, end, &v);
+    case 1:
+        if (end - *pp < 8) return fail(d, E_CORRUPT);
+        *pp += 8;
+        return 0;
+    case 2:
+        return read_len(d, pp, end, &a, &b);
+    case 3:
+        return skip_group(d, pp, end, field);
+    case 5:
+        if (end - *pp < 4) return fail(d, E_CORRUPT);
+        *pp += 4;
+        return 0;
+    default: /* an end tag with no group open, or wire types 6 and 7 */
+        return fail(d, E_CORRUPT);
+    }
+}
+
+/* UTF-8 as upb (and CPython's strict codec) define it: no overlong forms, no surrogates,
+ * nothing above U+10FFFF. */
+static int utf8_valid(ptr p, ptr end) {
+    while (p < end) {
+        uint8_t c = *p;
+        if (c < 0x80) {
+            p++;
+            continue;
+        }
+        Py_ssize_t left = end - p;
+        if (c >= 0xc2 && c <= 0xdf) {
+            if (left < 2 || (p[1] & 0xc0) != 0x80) return 0;
+            p += 2;
+        } else if (c >= 0xe0 && c <= 0xef) {
+            if (left < 3 || (p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80) return 0;
+            if (c == 0xe0 && p[1] < 0xa0) return 0;
+            if (c == 0xed && p[1] > 0x9f) return 0;
+            p += 3;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            if (left < 4 || (p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80 || (p[3] & 0xc0) != 0x80) return 0;
+            if (c == 0xf0 && p[1] < 0x90) return 0;
+            if (c == 0xf4 && p[1] > 0x8f) return 0;
+            p += 4;
+        } else {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int read_string_checked(Dec *d, ptr *pp, ptr end) {
+    ptr a, b;
+    if (read_len(d, pp, end, &a, &b) < 0) return -1;
+    if (!utf8_valid(a, b)) return fail(d, E_UTF8);
+    return 0;
+}
+
+/* A string field as a new str (replacing *slot, which may hold an earlier occurrence). */
+static int read_string(Dec *d, ptr *pp, ptr end, PyObject **slot) {
+    ptr a, b;
+    if (read_len(d, pp, end, &a, &b) < 0) return -1;
+    PyObject *s;
+    if (a == b) {
+        s = Py_NewRef(empty_str);
+    } else {
+        s = PyUnicode_DecodeUTF8((const char *)a, b - a, NULL);
+        if (s == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return fail(d, E_PYTHON);
+            PyErr_Clear();
+            return fail(d, E_UTF8);
+        }
+    }
+    Py_XSETREF(*slot, s);
+    return 0;
+}
+
+static inline int enter(Dec *d) {
+    if (--d->depth < 0) return fail(d, E_DEPTH);
+    return 0;
+}
+
+/* --- messages only checked (parsed by upb, not used by the records) ------------------- */
+
+enum { K_VARINT, K_FIXED64, K_FIXED32, K_BYTES, K_STRING, K_MSG };
+typedef struct {
+    uint32_t number;
+    uint8_t kind;
+    int8_t msg; /* for K_MSG: index into MESSAGES */
+} FieldDef;
+typedef struct {
+    const FieldDef *fields;
+    int count;
+} MsgDef;
+
+enum { M_KEY_VALUE, M_ANY_VALUE, M_ARRAY_VALUE, M_KEY_VALUE_LIST, M_ENTITY_REF, M_LINK };
+static const FieldDef KEY_VALUE_F[] = {{1, K_STRING, 0}, {2, K_MSG, M_ANY_VALUE}, {3, K_VARINT, 0}};
+static const FieldDef ANY_VALUE_F[] = {
+    {1, K_STRING, 0}, {2, K_VARINT, 0}, {3, K_VARINT, 0}, {4, K_FIXED64, 0},
+    {5, K_MSG, M_ARRAY_VALUE}, {6, K_MSG, M_KEY_VALUE_LIST}, {7, K_BYTES, 0}, {8, K_VARINT, 0},
+};
+static const FieldDef ARRAY_VALUE_F[] = {{1, K_MSG, M_ANY_VALUE}};
+static const FieldDef KEY_VALUE_LIST_F[] = {{1, K_MSG, M_KEY_VALUE}};
+static const FieldDef ENTITY_REF_F[] = {{1, K_STRING, 0}, {2, K_STRING, 0}, {3, K_STRING, 0}, {4, K_STRING, 0}};
+static const FieldDef LINK_F[] = {
+    {1, K_BYTES, 0}, {2, K_BYTES, 0}, {3, K_STRING, 0}, {4, K_MSG, M_KEY_VALUE}, {5, K_VARINT, 0}, {6, K_FIXED32, 0},
+};
+#define MSG(f) {f, (int)(sizeof(f) / sizeof(f[0]))}
+static const MsgDef MESSAGES[] = {
+    MSG(KEY_VALUE_F), MSG(ANY_VALUE_F), MSG(ARRAY_VALUE_F), MSG(KEY_VALUE_LIST_F), MSG(ENTITY_REF_F), MSG(LINK_F),
+};
+
+static const int KIND_WIRE_TYPE[] = {0, 1, 5, 2, 2, 2};
+
+static int check_message(Dec *d, ptr p, ptr end, int msg) {
+    if (enter(d) < 0) return -1;
+    const MsgDef *def = &MESSAGES[msg];
+    while (p < end) {
+        uint32_t field;
+        int wt;
+        if (read_tag(d, &p, d->end, &field, &wt) < 0) return -1;
+        const FieldDef *f = NULL;
+        for (int i = 0; i < def->count; i++) {
+            if (def->fields[i].number == field) {
+                f = &def->fields[i];
+                break;
+            }
+        }
+        if (f == NULL || KIND_WIRE_TYPE[f->kind] != wt) {
+            if (skip_field(d, &p, d->end, field, wt) < 0) return -1;
+            continue;
+        }
+        if (f->kind == K_STRING) {
+            if (read_string_checked(d, &p, d->end) < 0) return -1;
+        } else if (f->kind == K_MSG) {
+            ptr a, b;
+            if (read_len(d, &p, end, &a, &b) < 0) return -1;
+            if (check_message(d, a, b, f->msg) < 0) return -1;
+        } else if (skip_field(d, &p, d->end, field, wt) < 0) {
+            return -1;
+        }
+    }
+    if (p > end) return fail(d, E_CORRUPT);
+    d->depth++;
+    return 0;
+}
+
+static int check_field(Dec *d, ptr *pp, ptr end, int msg) {
+    ptr a, b;
+    if (read_len(d, pp, end, &a, &b) < 0) return -1;
+    return check_message(d, a, b, msg);
+}
+
+/* --- attribute values ----------------------------------------------------------------- */
+
+/* AnyValue's oneof as built so far: which member was set last, and its Python value. */
+typedef struct {
+    int member; /* field number, 0 when none */
+    PyObject *value;
+} AnyValue;
+
+static int parse_key_value_into(Dec *d, ptr p, ptr end, PyObject *dict);
+
+static int parse_any_value(Dec *d, ptr p, ptr end, AnyValue *av);
+
+static int parse_array_into(Dec *d, ptr p, ptr end, PyObject *list) {
+    if (enter(d) < 0) return -1;
+    while (p < end) {
+        uint32_t field;
+        int wt;
+        if (read_tag(d, &p, d->end, &field, &wt) < 0) return -1;
+        if (field == 1 && wt == 2) {
+            ptr a, b;
+            if (read_len(d, &p, end, &a, &b) < 0) return -1;
+            AnyValue item = {0, NULL};
+            if (parse_any_value(d, a, b, &item) < 0) {
+                Py_XDECREF(item.value);
+                return -1;
+            }
+            PyObject *v = item.value ? item.value : Py_NewRef(Py_None);
+            int r = PyList_Append(list, v);
+            Py_DECREF(v);
+            if (r < 0) return fail(d, E_PYTHON);
+        } else if (skip_field(d, &p, d->end, field, wt) < 0) {
+            return -1;
+        }
+    }
+    if (p > end) return fail(d, E_CORRUPT);
+    d->depth++;
+    return 0;
+}
+
+static int parse_kvlist_into(Dec *d, ptr p, ptr end, PyObject *dict) {
+    if (enter(d) < 0) return -1;
+    while (p < end) {
+        uint32_t field;
+        int wt;
+        if (read_tag(d, &p, d->end, &field, &wt) < 0) return -1;
+        if (field == 1 && wt == 2) {
+            ptr a, b;
+            if (read_len(d, &p, end, &a, &b) < 0) return -1;
+            if (parse_key_value_into(d, a, b, dict) < 0) return -1;
+        } else if (skip_field(d, &p, d->end, field, wt) < 0) {
+            return -1;
+        }
+    }
+    if (p > end) return fail(d, E_CORRUPT);
+    d->depth++;
+    return 0;
+}
+
+/* One AnyValue occurrence, merged into *av as upb merges: a oneof member replaces another;
+ * the same message member set again is merged (its repeated values appended). */
+static int parse_any_value(Dec *d, ptr p, ptr end, AnyValue *av) {
+    if (enter(d) < 0) return -1;
+    while (p < end) {
+        uint32_t field;
+        int wt;
+        if (read_tag(d, &p, d->end, &field, &wt) < 0) return -1;
+        PyObject *v = NULL;
+        uint64_t n;
+        ptr a, b;
+        switch (field) {
+        case 1: /* string_value */
+            if (wt != 2) break;
+            if (av->member != 1) Py_CLEAR(av->value);
+            av->member = 1;
+            if (read_string(d, &p, d->end, &av->value) < 0) return -1;
+            continue;
+        case 2: /* bool_value */
+            if (wt != 0) break;
+            if (read_varint(d, &p, d->end, &n) < 0) return -1;
+            v = Py_NewRef(n ? Py_True : Py_False);
+            goto set;
+        case 3: /* int_value */
+            if (wt != 0) break;
+            if (read_varint(d, &p, d->end, &n) < 0) return -1;
+            v = PyLong_FromLongLong((long long)(int64_t)n);
+            goto set;
+        case 4: /* double_value */
+            if (wt != 1) break;
+            if (read_fixed64(d, &p, d->end, &n) < 0) return -1;
+            {
+                double x;
+                memcpy(&x, &n, sizeof x);
+                v = PyFloat_FromDouble(x);
+            }
+            goto set;
+        case 5: /* array_value */
+            if (wt != 2) break;
+            if (read_len(d, &p, end, &a, &b) < 0) return -1;
+            if (av->member != 5) {
+                PyObject *list = PyList_New(0);
+                if (list == NULL) return fail(d, E_PYTHON);
+                Py_XSETREF(av->value, list);
+                av->member = 5;
+            }
+            if (parse_array_into(d, a, b, av->value) < 0) return -1;
+            continue;
+        case 6: /* kvlist_value */
+            if (wt != 2) break;
+            if (read_len(d, &p, end, &a, &b) < 0) return -1;
+            if (av->member != 6) {
+                PyObject *dict = PyDict_New();
+                if (dict == NULL) return fail(d, E_PYTHON);
+                Py_XSETREF(av->value, dict);
+                av->member = 6;
+            }
+            if (parse_kvlist_into(d, a, b, av->value) < 0) return -1;
+            continue;
+        case 7: /* bytes_value */
+            if (wt != 2) break;
+            if (read_len(d, &p, end, &a, &b) < 0) return -1;
+            v = PyBytes_FromStringAndSize((const char *)a, b - a);
+            goto set;
+        case 8: /* string_value_strindex (int32) */
+            if (wt != 0) break;
+            if (read_varint(d, &p, d->end, &n) < 0) return -1;
+            v = PyLong_FromLong((long)(int32_t)(uint32_t)n);
+            goto set;
+        default:
+            break;
+        }
+        if (skip_field(d, &p, d->end, field, wt) < 0) return -1;
+        continue;
+    set:
+        if (v == NULL) return fail(d, E_PYTHON);
+        Py_XSETREF(av->value, v);
+        av->member = (int)field;
+    }
+    if (p > end) return fail(d, E_CORRUPT);
+    d->depth++;
+    return 0;
+}
+
+/* One KeyValue, stored in dict (a later key replaces an earlier one, as a dict built in order). */
+static int parse_key_value_into(Dec *d, ptr p, ptr end, PyObject *dict) {
+    if (enter(d) < 0) return -1;
+    PyObject *key = NULL;
+    AnyValue av = {0, NULL};
+    int rc = -1;
+    while (p < end) {
+        uint32_t field;
+        int wt;
+        if (read_tag(d, &p, d->end, &field, &wt) < 0) goto done;
+        if (field == 1 && wt == 2) {
+            if (read_string(d, &p, d->end, &key) < 0) goto done;
+        } else if (field == 2 && wt == 2) {
+            ptr a, b;
+            if (read_len(d, &p, end, &a, &b) < 0) goto done;
+            if (parse_any_value(d, a, b, &av) < 0) goto done;
+        } else if (skip_field(d, &p, d->end, field, wt) < 0) {
+            goto done;
+        }
+    }
+    if (p > end) {
+        fail(d, E_CORRUPT);
+        goto done;
+    }
+    if (PyDict_SetItem(dict, key ? key : empty_str, av.value ? av.value : Py_None) < 0) {
+        fail(d, E_PYTHON);
+        goto done;
+    }
+    d->depth++;
+    rc = 0;
+done:
+    Py_XDECREF(key);
+    Py_XDECREF(av.value);
+    return rc;
+}
+
+static int parse_attribute_field(Dec *d, ptr *pp, ptr end, PyObject **dict) {
+    ptr a, b;
+    if (read_len(d, pp, end, &a, &b) < 0) return -1;
+    if (*dict == NULL && (*dict = PyDict_New()) == NULL) return fail(d, E_PYTHON);
+    return parse_key_value_into(d, a, b, *dict);
+}
+
+/* --- spans -------------------------------------------------------------------------------- */
+
+static PyObject *hex_id(ptr a, ptr b) {
+    static const char digits[] = "0123456789abcdef";
+    Py_ssize_t n = b - a;
+    PyObject *s = PyUnicode_New(2 * n, 127);
+    if (s == NULL) return NULL;
+    Py_UCS1 *out = PyUnicode_1BYTE_DATA(s);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[2 * i] = (Py_UCS1)digits[a[i] >> 4];
+        out[2 * i + 1] = (Py_UCS1)digits[a[i] & 15];
+    }
+    return s;
+}
+
+static int parse_event(Dec *d, ptr p, ptr end, PyObject **events) {
+    if (enter(d) < 0) return -1;
+    PyObject *name = NULL, *attrs = NULL;
+    uint64_t time_ns = 0;
+    int rc = -1;
+    while (p < end) {
+        uint32_t field;
+        int wt;
+        if (read_tag(d, &p, d->end, &field, &wt) < 0) goto done;
+        if (field == 1 && wt == 1) {
+            if (read_fixed64(d, &p, d->end, &time_ns) < 0) goto done;
+        } else if (field == 2 && wt == 2) {
+            if (read_string(d, &p, d->end, &name) < 0) goto done;
+        } else if (field == 3 && wt == 2) {
+            if (parse_attribute_field(d, &p, end, &attrs) < 0) goto done;
+        } else if (skip_field(d, &p, d->end, field, wt) < 0) {
+            goto done;
+        }
+    }
+    if (p > end) {
+        fail(d, E_CORRUPT);
+        goto done;
+    }
+    if (attrs == NULL && (attrs = PyDict_New()) == NULL) {
+        fail(d, E_PYTHON);
+        goto done;
+    }
+    if (*events == NULL && (*events = PyList_New(0)) == NULL) {
+        fail(d, E_PYTHON);
+        goto done;
+    }
+    {
+        PyObject *t = PyLong_FromUnsignedLongLong(time_ns);
+        if (t == NULL) {
+            fail(d, E_PYTHON);
+            goto done;
+        }
+        PyObject *args[] = {name ? name : empty_str, t, attrs};
+        PyObject *event = PyObject_Vectorcall(SpanEventType, args, 3, NULL);
+        Py_DECREF(t);
+        if (event == NULL || PyList_Append(*events, event) < 0) {
+            Py_XDECREF(event);
+            fail(d, E_PYTHON);
+            goto done;
+        }
+        Py_DECREF(event);
+    }
+    d->depth++;
+    rc = 0;
+done:
+    Py_XDECREF(name);
+    Py_XDECREF(attrs);
+    return rc;
+}
+
+static int parse_status(Dec *d, ptr p, ptr end, int32_t *code, PyObject **message) {
+    if (enter(d) < 0) return -1;
+    while (p < end) {
+        uint32_t field;
+        int wt;
+        if (read_tag(d, &p, d->end, &field, &wt) < 0) return -1;
+        if (field == 2 && wt == 2) {
+            if (read_string(d, &p, d->end, message) < 0) return -1;
+        } else if (field == 3 && wt == 0) {
+            uint64_t n;
+            if (read_varint(d, &p, d->end, &n) < 0) return -1;
+            *code = (int32_t)(uint32_t)n;
+        } else if (skip_field(d, &p, d->end, field, wt) < 0) {
+            return -1;
+        }
+    }
+    if (p > end) return fail(d, E_CORRUPT);
+    d->depth++;
+    return 0;
+}
+
+/* One Span -> a SpanRecord appended to out (resource and scope_name are filled in by the caller). */
+static int parse_span(Dec *d, ptr p, ptr end, PyObject *out) {
+    if (enter(d) < 0) return -1;
+    ptr trace_id = p, trace_end = p, span_id = p, span_end = p, parent = p, parent_end = p;
+    PyObject *name = NULL, *attrs = NULL, *events = NULL, *status_message = NULL;
+    int32_t kind = 0, status_code = 0;
+    uint64_t start_ns = 0, end_ns = 0;
+    int rc = -1;
+    while (p < end) {
+        uint32_t field;
+        int wt;
+        if (read_tag(d, &p, d->end, &field, &wt) < 0) goto done;
+        uint64_t n;
+        ptr a, b;
+        switch (field) {
+        case 1:
+            if (wt != 2) break;
+            if (read_len(d, &p, end, &trace_id, &trace_end) < 0) goto done;
+            continue;
+        case 2:
+            if (wt != 2) break;
+            if (read_len(d, &p, end, &span_id, &span_end) < 0) goto done;
+            continue;
+        case 3: /* trace_state */
+            if (wt != 2) break;
+            if (read_string_checked(d, &p, d->end) < 0) goto done;
+            continue;
+        case 4:
+            if (wt != 2) break;
+            if (read_len(d, &p, end, &parent, &parent_end) < 0) goto done;
+            continue;
+        case 5:
+            if (wt != 2) break;
+            if (read_string(d, &p, d->end, &name) < 0) goto done;
+            continue;
+        case 6:
+            if (wt != 0) break;
+            if (read_varint(d, &p, d->end, &n) < 0) goto done;
+            kind = (int32_t)(uint32_t)n;
+            continue;
+        case 7:
+            if (wt != 1) break;
+            if (read_fixed64(d, &p, d->end, &start_ns) < 0) goto done;
+            continue;
+        case 8:
+            if (wt != 1) break;
+            if (read_fixed64(d, &p, d->end, &end_ns) < 0) goto done;
+            continue;
+        case 9:
+            if (wt != 2) break;
+            if (parse_attribute_field(d, &p, end, &attrs) < 0) goto done;
+            continue;
+        case 11:
+            if (wt != 2) break;
+            if (read_len(d, &p, end, &a, &b) < 0) goto done;
+            if (parse_event(d, a, b, &events) < 0) goto done;
+            continue;
+        case 13: /* links */
+            if (wt != 2) break;
+            if (check_field(d, &p, end, M_LINK) < 0) goto done;
+            continue;
+        case 15:
+            if (wt != 2) break;
+            if (read_len(d, &p, end, &a, &b) < 0) goto done;
+            if (parse_status(d, a, b, &status_code, &status_message) < 0) goto done;
+            continue;
+        default: /* 10, 12, 14 (dropped counts) and 16 (flags) are not kept */
+            break;
+        }
+        if (skip_field(d, &p, d->end, field, wt) < 0) goto done;
+    }
+    if (p > end) {
+        fail(d, E_CORRUPT);
+        goto done;
+    }
+    {
+        PyObject *record = SpanRecordType->tp_alloc(SpanRecordType, 0);
+        if (record == NULL) {
+            fail(d, E_PYTHON);
+            goto done;
+        }
+        /* Appended first, so that a failure below leaves it to the list to free. */
+        if (PyList_Append(out, record) < 0) {
+            Py_DECREF(record);
+            fail(d, E_PYTHON);
+            goto done;
+        }
+        Py_DECREF(record);
+        SLOT(record, S_TRACE_ID) = hex_id(trace_id, trace_end);
+        SLOT(record, S_SPAN_ID) = hex_id(span_id, span_end);
+        SLOT(record, S_PARENT) = parent == parent_end ? Py_NewRef(Py_None) : hex_id(parent, parent_end);
+        SLOT(record, S_NAME) = name ? Py_NewRef(name) : Py_NewRef(empty_str);
+        SLOT(record, S_KIND) = PyLong_FromLong(kind);
+        SLOT(record, S_START) = PyLong_FromUnsignedLongLong(start_ns);
+        SLOT(record, S_END) = PyLong_FromUnsignedLongLong(end_ns);
+        SLOT(record, S_STATUS_CODE) = PyLong_FromLong(status_code);
+        SLOT(record, S_STATUS_MESSAGE) = status_message ? Py_NewRef(status_message) : Py_NewRef(empty_str);
+        SLOT(record, S_ATTRIBUTES) = attrs ? Py_NewRef(attrs) : PyDict_New();
+        SLOT(record, S_EVENTS) = events ? Py_NewRef(events) : PyList_New(0);
+        for (int i = 0; i < S_RESOURCE; i++) {
+            if (SLOT(record, i) == NULL) {
+                fail(d, E_PYTHON);
+                goto done;
+            }
+        }
+    }
+    d->depth++;
+    rc = 0;
+done:
+    Py_XDECREF(name);
+    Py_XDECREF(attrs);
+    Py_XDECREF(events);
+    Py_XDECREF(status_message);
+    return rc;
+}
+
+/* Sets one slot of every record from index `from` on (the resource or scope of their batch). */
+static void fill_slot(PyObject *out, Py_ssize_t from, int slot, PyObject *value) {
+    Py_ssize_t n = PyList_GET_SIZE(out);
+    for (Py_ssize_t i = from; i < n; i++) {
+        PyObject *record = PyList_GET_ITEM(out, i);
+        Py_XSETREF(SLOT(record, slot), Py_NewRef(value));
+    }
+}
+
+static int parse_scope(Dec *d, ptr p, ptr end, PyObject **name) {
+    if (enter(d) < 0) return -1;
+    while (p < end) {
+        uint32_t field;
+        int wt;
+        if (read_tag(d, &p, d->end, &field, &wt) < 0) return -1;
+        if (field == 1 && wt == 2) {
+            if (read_string(d, &p, d->end, name) < 0) return -1;
+        } else if (field == 2 && wt == 2) {
+            if (read_string_checked(d, &p, d->end) < 0) return -1;
+        } else if (field == 3 && wt == 2) {
+            if (check_field(d, &p, end, M_KEY_VALUE) < 0) return -1;
+        } else if (skip_field(d, &p, d->end, field, wt) < 0) {
+            return -1;
+        }
+    }
+    if (p > end) return fail(d, E_CORRUPT);
+    d->depth++;
+    return 0;
+}
+
+static int parse_scope_spans(Dec *d, ptr p, ptr end, PyObject *out) {
+    if (enter(d) < 0) return -1;
+    Py_ssize_t first = PyList_GET_SIZE(out);
+    PyObject *scope_name = NULL;
+    int rc = -1;
+    while (p < end) {
+        uint32_t field;
+        int wt;
+        if (read_tag(d, &p, d->end, &field, &wt) < 0) goto done;
+        ptr a, b;
+        if (field == 1 && wt == 2) {
+            if (read_len(d, &p, end, &a, &b) < 0) goto done;
+            if (parse_scope(d, a, b, &scope_name) < 0) goto done;
+        } else if (field == 2 && wt == 2) {
+            if (read_len(d, &p, end, &a, &b) < 0) goto done;
+            if (parse_span(d, a, b, out) < 0) goto done;
+        } else if (field == 3 && wt == 2) {
+            if (read_string_checked(d, &p, d->end) < 0) goto done;
+        } else if (skip_field(d, &p, d->end, field, wt) < 0) {
+            goto done;
+        }
+    }
+    if (p > end) {
+        fail(d, E_CORRUPT);
+        goto done;
+    }
+    fill_slot(out, first, S_SCOPE_NAME, scope_name ? scope_name : empty_str);
+    d->depth++;
+    rc = 0;
+done:
+    Py_XDECREF(scope_name);
+    return rc;
+}
+
+static int parse_resource(Dec *d, ptr p, ptr end, PyObject *attrs) {
+    if (enter(d) < 0) return -1;
+    while (p < end) {
+        uint32_t field;
+        int wt;
+        if (read_tag(d, &p, d->end, &field, &wt) < 0) return -1;
+        if (field == 1 && wt == 2) {
+            if (parse_attribute_field(d, &p, end, &attrs) < 0) return -1;
+        } else if (field == 3 && wt == 2) {
+            if (check_field(d, &p, end, M_ENTITY_REF) < 0) return -1;
+        } else if (skip_field(d, &p, d->end, field, wt) < 0) {
+            return -1;
+        }
+    }
+    if (p > end) return fail(d, E_CORRUPT);
+    d->depth++;
+    return 0;
+}
+
+static int parse_resource_spans(Dec *d, ptr p, ptr end, PyObject *out) {
+    if (enter(d) < 0) return -1;
+    Py_ssize_t first = PyList_GET_SIZE(out);
+    /* One dict per ResourceSpans, shared by its spans. */
+    PyObject *resource = PyDict_New();
+    if (resource == NULL) return fail(d, E_PYTHON);
+    int rc = -1;
+    while (p < end) {
+        uint32_t field;
+        int wt;
+        if (read_tag(d, &p, d->end, &field, &wt) < 0) goto done;
+        ptr a, b;
+        if (field == 1 && wt == 2) {
+            if (read_len(d, &p, end, &a, &b) < 0) goto done;
+            if (parse_resource(d, a, b, resource) < 0) goto done;
+        } else if (field == 2 && wt == 2) {
+            if (read_len(d, &p, end, &a, &b) < 0) goto done;
+            if (parse_scope_spans(d, a, b, out) < 0) goto done;
+        } else if (field == 3 && wt == 2) {
+            if (read_string_checked(d, &p, d->end) < 0) goto done;
+        } else if (skip_field(d, &p, d->end, field, wt) < 0) {
+            goto done;
+        }
+    }
+    if (p > end) {
+        fail(d, E_CORRUPT);
+        goto done;
+    }
+    fill_slot(out, first, S_RESOURCE, resource);
+    d->depth++;
+    rc = 0;
+done:
+    Py_DECREF(resource);
+    return rc;
+}
+
+static const char *const MESSAGES_TEXT[] = {
+    NULL,
+    "Wire format was corrupt",
+    "Exceeded upb_DecodeOptions_MaxDepth",
+    "String field had bad UTF-8",
+};
+
+static PyObject *decode_request(PyObject *module, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    ptr p = (ptr)view.buf, end = p + view.len;
+    Dec d = {DEPTH_LIMIT, OK, end};
+    while (p < end) {
+        uint32_t field;
+        int wt;
+        if (read_tag(&d, &p, d.end, &field, &wt) < 0) break;
+        if (field == 1 && wt == 2) {
+            ptr a, b;
+            if (read_len(&d, &p, end, &a, &b) < 0) break;
+            if (parse_resource_spans(&d, a, b, out) < 0) break;
+        } else if (skip_field(&d, &p, d.end, field, wt) < 0) {
+            break;
+        }
+    }
+    PyBuffer_Release(&view);
+    if (d.err == OK) return out;
+    Py_DECREF(out);
+    if (d.err == E_PYTHON) return NULL;
+    PyErr_Format(DecodeError,
+                 "Error parsing message with type 'opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest': %s",
+                 MESSAGES_TEXT[d.err]);
+    return NULL;
+}
+
+/* --- module ------------------------------------------------------------------------------- */
+
+/* The records are filled slot by slot, so SpanRecord must have exactly the slots written above. */
+static int bind_span_record(PyObject *cls) {
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_ImportError, "SpanRecord is not a class");
+        return -1;
+    }
+    PyObject *slots = PyObject_GetAttrString(cls, "__slots__");
+    if (slots == NULL) return -1;
+    PyObject *have = PySet_New(slots);
+    Py_DECREF(slots);
+    if (have == NULL) return -1;
+    Py_ssize_t count = PySet_GET_SIZE(have);
+    Py_DECREF(have);
+    if (count != N_SLOTS) {
+        PyErr_SetString(PyExc_ImportError, "SpanRecord's slots are not the ones this decoder fills: rebuild it");
+        return -1;
+    }
+    for (int i = 0; i < N_SLOTS; i++) {
+        PyObject *descr = PyObject_GetAttrString(cls, RECORD_SLOTS[i]);
+        if (descr == NULL) return -1;
+        int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+                 ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+        if (ok) slot_offset[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
+        Py_DECREF(descr);
+        if (!ok) {
+            PyErr_Format(PyExc_ImportError, "SpanRecord.%s is not a slot", RECORD_SLOTS[i]);
+            return -1;
+        }
+    }
+    SpanRecordType = (PyTypeObject *)Py_NewRef(cls);
+    return 0;
+}
+
+static PyMethodDef methods[] = {
+    {"decode_request", decode_request, METH_O,
+     "decode_request(data) -> list[SpanRecord]: the spans of a serialized ExportTraceServiceRequest.\n"
+     "Raises google.protobuf.message.DecodeError on malformed bytes."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_otlp_native", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__otlp_native(void) {
+    PyObject *span = PyImport_ImportModule("otel_plumb.model.span");
+    if (span == NULL) return NULL;
+    PyObject *record = PyObject_GetAttrString(span, "SpanRecord");
+    SpanEventType = PyObject_GetAttrString(span, "SpanEvent");
+    Py_DECREF(span);
+    if (record == NULL || SpanEventType == NULL || bind_span_record(record) < 0) {
+        Py_XDECREF(record);
+        return NULL;
+    }
+    Py_DECREF(record);
+    PyObject *message = PyImport_ImportModule("google.protobuf.message");
+    if (message == NULL) return NULL;
+    DecodeError = PyObject_GetAttrString(message, "DecodeError");
+    Py_DECREF(message);
+    if (DecodeError == NULL) return NULL;
+    empty_str = PyUnicode_New(0, 0);
+    if (empty_str == NULL) return NULL;
+    return PyModule_Create(&module_def);
+}

@@ -1,0 +1,438 @@
+"""The compiled OTLP decoder gives exactly the records the pure-Python path gives, accepts and
+rejects exactly the bytes it does (with the same error), and survives any input.
+
+Skipped where the extension was not built (no compiler); CI builds it and .ci/run fails when
+it does not import.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf.message import DecodeError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, EntityRef, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from otel_plumb.model import SpanRecord
+from otel_plumb.receive import otlp
+from otel_plumb.receive.otlp_json import parse_request
+
+native = pytest.importorskip("otel_plumb.receive._otlp_native", reason="the compiled decoder was not built")
+
+FIXTURES = Path(__file__).parent / "fixtures"
+pure_decode: Callable[[bytes], list[SpanRecord]] = otlp.pure_decode_request
+native_decode: Callable[[bytes], list[SpanRecord]] = native.decode_request
+
+
+def typed(v: Any) -> Any:
+    """A value with its exact type spelled out (True == 1 and 1.0 == 1 in Python; NaN != NaN)."""
+    if isinstance(v, dict):
+        return ("dict", [(k, typed(x)) for k, x in v.items()])
+    if isinstance(v, list):
+        return ("list", [typed(x) for x in v])
+    if isinstance(v, float):
+        return ("float", struct.pack("<d", v))
+    return (type(v).__name__, v)
+
+
+def record(s: SpanRecord) -> tuple[Any, ...]:
+    assert type(s) is SpanRecord
+    return (
+        typed(s.trace_id), typed(s.span_id), typed(s.parent_span_id), typed(s.name), typed(s.kind),
+        typed(s.start_ns), typed(s.end_ns), typed(s.status_code), typed(s.status_message),
+        typed(s.attributes),
+        [(typed(e.name), typed(e.time_ns), typed(e.attributes)) for e in s.events],
+        typed(dict(s.resource)), typed(s.scope_name),
+    )  # fmt: skip
+
+
+def outcome(decode: Callable[[bytes], list[SpanRecord]], data: bytes) -> Any:
+    try:
+        records = decode(data)
+    except DecodeError as exc:
+        return ("rejected", str(exc))
+    # Spans of one ResourceSpans share one resource mapping, and only they do.
+    groups = [next(i for i, o in enumerate(records) if o.resource is r.resource) for r in records]
+    return ("accepted", [record(r) for r in records], groups)
+
+
+def assert_same(data: bytes) -> Any:
+    want = outcome(pure_decode, data)
+    assert outcome(native_decode, data) == want
+    return want
+
+
+# --- fixtures ----------------------------------------------------------------------------
+
+
+def fixture_requests() -> list[tuple[str, bytes]]:
+    """Every OTLP/JSON request among the captured fixtures, serialized as an exporter sends it."""
+    out: list[tuple[str, bytes]] = []
+    for path in sorted(FIXTURES.rglob("*.json*")):
+        if "node_modules" in path.parts or path.name.endswith(".expected.json"):
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines()
+        docs = [json.loads(line) for line in lines if line.strip()] if path.suffix == ".jsonl" else []
+        if path.suffix == ".json":
+            docs = [json.loads(path.read_text(encoding="utf-8"))]
+        for i, doc in enumerate(docs):
+            if isinstance(doc, dict) and ("resourceSpans" in doc or "resource_spans" in doc):
+                out.append((f"{path.relative_to(FIXTURES)}:{i + 1}", parse_request(doc).SerializeToString()))
+    return out
+
+
+FIXTURE_REQUESTS = fixture_requests()
+
+
+def test_the_fixtures_are_found() -> None:
+    names = {name.split(":")[0] for name, _ in FIXTURE_REQUESTS}
+    assert any(n.startswith("frameworks/") for n in names) and any(n.startswith("conventions/") for n in names)
+    assert sum(len(pure_decode(data)) for _, data in FIXTURE_REQUESTS) > 500
+
+
+@pytest.mark.parametrize("data", [d for _, d in FIXTURE_REQUESTS], ids=[n for n, _ in FIXTURE_REQUESTS])
+def test_every_fixture_decodes_to_the_same_records(data: bytes) -> None:
+    kind, records, _ = assert_same(data)
+    assert kind == "accepted" and records
+
+
+# --- generated requests ------------------------------------------------------------------
+
+int64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+uint64 = st.integers(min_value=0, max_value=2**64 - 1)
+int32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+text = st.text(max_size=12)
+ids = st.one_of(st.binary(min_size=16, max_size=16), st.binary(max_size=20))
+
+scalar = st.one_of(
+    st.builds(lambda v: AnyValue(string_value=v), text),
+    st.builds(lambda v: AnyValue(int_value=v), int64),
+    st.builds(lambda v: AnyValue(bool_value=v), st.booleans()),
+    st.builds(lambda v: AnyValue(double_value=v), st.floats()),
+    st.builds(lambda v: AnyValue(bytes_value=v), st.binary(max_size=8)),
+    st.builds(lambda v: AnyValue(string_value_strindex=v), int32),
+    st.just(AnyValue()),
+)
+
+
+def _array(values: list[AnyValue]) -> AnyValue:
+    out = AnyValue()
+    out.array_value.values.extend(values)
+    return out
+
+
+def _kvlist(items: list[tuple[str, AnyValue]]) -> AnyValue:
+    out = AnyValue()
+    out.kvlist_value.values.extend(KeyValue(key=k, value=v) for k, v in items)
+    return out
+
+
+any_values = st.recursive(
+    scalar,
+    lambda children: st.builds(_array, st.lists(children, max_size=3))
+    | st.builds(_kvlist, st.lists(st.tuples(text, children), max_size=3)),
+    max_leaves=10,
+)
+# Few distinct keys, so that repeated keys (the last one wins) come up.
+key_values = st.lists(st.builds(lambda k, v: KeyValue(key=k, value=v), st.sampled_from(["a", "b", "", "é"]) | text,
+                                any_values), max_size=4)  # fmt: skip
+
+
+@st.composite
+def spans(draw: Any) -> Span:
+    span = Span(
+        trace_id=draw(ids), span_id=draw(ids), parent_span_id=draw(st.sampled_from([b"", b"\x01" * 8]) | ids),
+        trace_state=draw(text), name=draw(text), kind=draw(int32), flags=draw(st.integers(0, 2**32 - 1)),
+        start_time_unix_nano=draw(uint64), end_time_unix_nano=draw(uint64),
+        dropped_attributes_count=draw(st.integers(0, 3)), attributes=draw(key_values),
+    )  # fmt: skip
+    if draw(st.booleans()):
+        span.status.code = draw(int32)
+        span.status.message = draw(text)
+    for _ in range(draw(st.integers(0, 2))):
+        span.events.add(name=draw(text), time_unix_nano=draw(uint64), attributes=draw(key_values))
+    for _ in range(draw(st.integers(0, 1))):
+        span.links.add(trace_id=draw(ids), span_id=draw(ids), trace_state=draw(text), attributes=draw(key_values))
+    return span
+
+
+@st.composite
+def requests(draw: Any) -> bytes:
+    req = ExportTraceServiceRequest()
+    for _ in range(draw(st.integers(0, 2))):
+        rs = req.resource_spans.add(schema_url=draw(text))
+        rs.resource.attributes.extend(draw(key_values))
+        if draw(st.booleans()):
+            rs.resource.entity_refs.append(EntityRef(type=draw(text), id_keys=draw(st.lists(text, max_size=2))))
+        for _ in range(draw(st.integers(0, 2))):
+            ss = rs.scope_spans.add()
+            ss.scope.name = draw(text)
+            ss.scope.version = draw(text)
+            ss.scope.attributes.extend(draw(key_values))
+            ss.spans.extend(draw(st.lists(spans(), max_size=3)))
+    data = req.SerializeToString()
+    # Concatenated messages merge: repeated fields append, singular messages merge, scalars
+    # and oneofs take the last value. Two serializations back to back exercise all of it.
+    return data + draw(st.just(b"") | st.builds(lambda r: r.SerializeToString(), st.just(req)))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=requests())
+def test_generated_requests_decode_to_the_same_records(data: bytes) -> None:
+    assert_same(data)
+
+
+# --- hand-made wire bytes: the corners of the format ------------------------------------
+
+
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def tag(field: int, wire_type: int) -> bytes:
+    return varint(field << 3 | wire_type)
+
+
+def ld(field: int, payload: bytes) -> bytes:
+    return tag(field, 2) + varint(len(payload)) + payload
+
+
+def req(span: bytes, resource_spans: bytes = b"", scope_spans: bytes = b"") -> bytes:
+    return ld(1, resource_spans + ld(2, scope_spans + ld(2, span)))
+
+
+IDS = ld(1, b"\x01" * 16) + ld(2, b"\x02" * 8)
+
+
+def kv(key: bytes, any_value: bytes) -> bytes:
+    return ld(9, ld(1, key) + ld(2, any_value))
+
+
+def nested_arrays(depth: int, leaf: bytes = ld(1, b"x")) -> bytes:
+    av = leaf
+    for _ in range(depth):
+        av = ld(5, ld(1, av))
+    return av
+
+
+def groups(field: int, depth: int) -> bytes:
+    return tag(field, 3) * depth + tag(field, 4) * depth
+
+
+CORNERS = {
+    "empty": b"",
+    "field number 0": b"\x00\x00",
+    "end group with none open": tag(15, 4),
+    "group left open": tag(15, 3),
+    "group closed by another field": tag(15, 3) + tag(14, 4),
+    "nested unknown groups": groups(15, 3),
+    "field number 0 inside an unknown group": tag(15, 3) + b"\x00\x00" + groups(0, 1) + tag(15, 4),
+    "unknown groups at the depth limit": groups(15, 100),
+    "unknown groups past the depth limit": groups(15, 101),
+    "unknown groups inside a span at the limit": req(IDS + groups(30, 97)),
+    "unknown groups inside a span past the limit": req(IDS + groups(30, 98)),
+    "wire types 6 and 7": tag(15, 6) + tag(15, 7),
+    "largest field number": varint(0xFFFFFFF8) + b"\x00",
+    "tag over 32 bits": b"\xf8\xff\xff\xff\x1f\x00",
+    "5-byte tag": b"\x88\x80\x80\x80\x00\x01",
+    "6-byte tag": b"\x88\x80\x80\x80\x80\x00\x01",
+    "10-byte varint": tag(15, 0) + b"\xff" * 9 + b"\x7f",
+    "11-byte varint": tag(15, 0) + b"\xff" * 10 + b"\x01",
+    "truncated varint": tag(15, 0) + b"\xff",
+    "truncated fixed32": tag(15, 5) + b"\x00\x00\x00",
+    "truncated fixed64": tag(15, 1) + b"\x00" * 7,
+    "5-byte length": b"\x0a\x80\x80\x80\x80\x00",
+    "6-byte length": b"\x0a\x80\x80\x80\x80\x80\x00",
+    "length past the end": b"\x0a\x05ab",
+    "huge length": b"\x0a\xff\xff\xff\xff\x0f",
+    "name as a varint (unknown)": req(IDS + tag(5, 0) + b"\x05"),
+    "name twice": req(IDS + ld(5, b"a") + ld(5, b"b")),
+    "negative kind": req(IDS + tag(6, 0) + varint(2**64 - 1)),
+    "kind over 32 bits": req(IDS + tag(6, 0) + varint(2**35 + 3)),
+    "status merged": req(IDS + ld(15, ld(2, b"m") + tag(3, 0) + b"\x02") + ld(15, tag(3, 0) + b"\x01")),
+    "status code length-delimited (unknown)": req(IDS + ld(15, ld(3, b"xx"))),
+    "string then array": req(IDS + kv(b"a", ld(1, b"s") + ld(5, ld(1, ld(1, b"x"))))),
+    "array twice merged": req(IDS + kv(b"a", ld(5, ld(1, ld(1, b"x"))) + ld(5, ld(1, ld(1, b"y"))))),
+    "array, string, array": req(IDS + kv(b"a", ld(5, ld(1, ld(1, b"x"))) + ld(1, b"s") + ld(5, ld(1, ld(1, b"y"))))),
+    "kvlist twice merged": req(IDS + kv(b"a", ld(6, ld(1, ld(1, b"k"))) + ld(6, ld(1, ld(1, b"j"))))),
+    "value twice merged": req(IDS + ld(9, ld(1, b"a") + ld(2, ld(5, ld(1, ld(1, b"x")))) + ld(2, ld(5, ld(1, b""))))),
+    "empty string value": req(IDS + kv(b"a", ld(1, b""))),
+    "bool 2": req(IDS + kv(b"a", tag(2, 0) + b"\x02")),
+    "strindex": req(IDS + kv(b"a", tag(8, 0) + varint(2**32 - 1))),
+    "NaN": req(IDS + kv(b"a", tag(4, 1) + struct.pack("<d", math.nan))),
+    "no key": req(IDS + ld(9, ld(2, ld(1, b"v")))),
+    "no value": req(IDS + ld(9, ld(1, b"k"))),
+    "key_strindex": req(IDS + ld(9, ld(1, b"k") + tag(3, 0) + b"\x07")),
+    "repeated keys": req(IDS + kv(b"a", ld(1, b"1")) + kv(b"b", ld(1, b"2")) + kv(b"a", ld(1, b"3"))),
+    "resource after the spans": ld(1, ld(2, ld(2, IDS)) + ld(1, ld(1, ld(1, b"service.name") + ld(2, ld(1, b"x"))))),
+    "resource twice merged": ld(
+        1, ld(1, ld(1, ld(1, b"a") + ld(2, ld(1, b"x")))) + ld(2, ld(2, IDS)) + ld(1, ld(1, ld(1, b"b")))
+    ),
+    "scope after the spans": ld(1, ld(2, ld(2, IDS) + ld(1, ld(1, b"sc")))),
+    "scope twice merged": ld(1, ld(2, ld(1, ld(1, b"sc") + ld(2, b"v")) + ld(2, IDS) + ld(1, ld(2, b"w")))),
+    "two resource spans": ld(1, ld(2, ld(2, IDS))) + ld(1, ld(1, ld(1, ld(1, b"r"))) + ld(2, ld(2, IDS))),
+    "event fields": req(IDS + ld(11, tag(1, 1) + b"\x07" * 8 + ld(2, b"ev") + ld(3, ld(1, b"q") + ld(2, ld(1, b"r"))))),
+    "ids of odd lengths": req(ld(1, b"\xff" * 3) + ld(2, b"") + ld(4, b"\x00")),
+    "bad UTF-8 in the name": req(IDS + ld(5, b"\xff")),
+    "bad UTF-8 in trace_state": req(IDS + ld(3, b"\xff")),
+    "bad UTF-8 in a link": req(IDS + ld(13, ld(3, b"\xc0\x80"))),
+    "bad UTF-8 in a link attribute": req(IDS + ld(13, ld(4, ld(1, b"\xed\xa0\x80")))),
+    "bad UTF-8 in a scope attribute": ld(1, ld(2, ld(1, ld(3, ld(2, ld(1, b"\xf4\x90\x80\x80")))))),
+    "bad UTF-8 in a scope version": ld(1, ld(2, ld(1, ld(2, b"\xe0\x80\x80")))),
+    "bad UTF-8 in an entity ref": ld(1, ld(1, ld(3, ld(3, b"\x80")))),
+    "bad UTF-8 in a schema url": ld(1, ld(3, b"\xfe")),
+    "bad UTF-8 in an unknown field": req(IDS + ld(30, b"\xff")),
+    "bad UTF-8 in bytes": req(IDS + kv(b"a", ld(7, b"\xff"))),
+    "four-byte UTF-8 and NUL": req(IDS + ld(5, "a\x00😀".encode())),
+    "bad UTF-8 then corrupt": req(IDS + ld(5, b"\xff")) + b"\x0a\x05",
+    "corrupt inside a link": req(IDS + ld(13, b"\x0a\x05")),
+    # Request > ResourceSpans > ScopeSpans > Span > KeyValue > AnyValue, then 2 per array level.
+    "99 levels below the request": req(IDS + kv(b"a", nested_arrays(47))),
+    "100 levels below the request (the limit)": req(IDS + kv(b"a", nested_arrays(47, ld(6, b"")))),
+    "101 levels below the request": req(IDS + kv(b"a", nested_arrays(48))),
+    "nested far past the limit": req(IDS + kv(b"a", nested_arrays(5000))),
+    "deep link attributes": req(IDS + ld(13, ld(4, ld(1, b"k") + ld(2, nested_arrays(50))))),
+    "start group for a message field": req(IDS + tag(15, 3) + tag(15, 4)),
+    # A string may run past the end of its message (upb reads it, checks its UTF-8, and only
+    # then finds the message overrun); a submessage may not.
+    "string past its message": ld(1, ld(2, tag(2, 2) + varint(len(IDS) + 2) + IDS + tag(5, 2) + b"\x06ab" + b"cdef")),
+    "string past its message, bad UTF-8 inside it": ld(
+        1, ld(2, tag(2, 2) + varint(len(IDS) + 2) + IDS + tag(5, 2) + b"\x06\xff\xfe" + b"cdef")
+    ),
+    "string past its message, bad UTF-8 beyond it": ld(
+        1, ld(2, tag(2, 2) + varint(len(IDS) + 2) + IDS + tag(5, 2) + b"\x06ab" + b"cd\xff\xfe")
+    ),
+    "string past two messages, bad UTF-8": ld(
+        1, ld(2, tag(2, 2) + varint(len(IDS) + 2) + IDS + tag(5, 2) + b"\x08ab") + b"cd\xff\xfe\x00\x00"
+    ),
+    "string past the buffer, bad UTF-8": ld(1, ld(2, tag(2, 2) + varint(len(IDS) + 2) + IDS + tag(5, 2) + b"\x3c\xff")),
+    "tag past its message, then a bad string": ld(
+        1, ld(2, tag(2, 2) + varint(len(IDS) + 1) + IDS + tag(5, 2) + b"\x02\xff\xfe")
+    ),
+    "message past its parent, bad UTF-8 inside": ld(
+        1, ld(2, tag(2, 2) + varint(len(IDS) + 2) + IDS + tag(15, 2) + b"\x03" + ld(2, b"\xff"))
+    ),
+}
+
+
+@pytest.mark.parametrize("data", CORNERS.values(), ids=CORNERS.keys())
+def test_corners_of_the_wire_format_decode_alike(data: bytes) -> None:
+    assert_same(data)
+
+
+def test_the_corners_cover_every_error_kind() -> None:
+    messages = {outcome(pure_decode, d)[1].rsplit(": ", 1)[-1] for d in CORNERS.values()
+                if outcome(pure_decode, d)[0] == "rejected"}  # fmt: skip
+    assert messages == {"Wire format was corrupt", "Exceeded upb_DecodeOptions_MaxDepth", "String field had bad UTF-8"}
+
+
+def test_any_buffer_is_read() -> None:
+    data = req(IDS + kv(b"a", ld(1, b"v")))
+    assert [record(r) for r in native_decode(memoryview(data))] == [record(r) for r in pure_decode(data)]
+    assert [record(r) for r in native_decode(bytearray(data))] == [record(r) for r in pure_decode(data)]
+    with pytest.raises(TypeError):
+        native_decode("not bytes")  # type: ignore[arg-type]
+
+
+def test_no_memory_is_kept_across_decodes() -> None:
+    """Objects built for a request are all freed, whether it was accepted or refused half way."""
+    good = b"".join(data for _, data in FIXTURE_REQUESTS[:20])
+    refused = good + ld(1, ld(2, ld(2, IDS + ld(5, b"\xff"))))
+
+    def churn() -> None:
+        for _ in range(200):
+            native_decode(good)
+            with pytest.raises(DecodeError):
+                native_decode(refused)
+
+    churn()  # warm up: interned strings, free lists
+    tracemalloc.start()
+    try:
+        churn()
+        first, _ = tracemalloc.get_traced_memory()
+        churn()
+        second, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert second - first < 64 * 1024, (first, second)
+
+
+# --- fuzzing: mutated, truncated, bit-flipped requests -----------------------------------
+
+SEEDS = [d for _, d in FIXTURE_REQUESTS if len(d) < 20_000][:40] + [d for d in CORNERS.values() if d]
+
+
+@st.composite
+def mutated(draw: Any, seeds: st.SearchStrategy[bytes]) -> bytes:
+    """A valid request (or a corner case) with a few random edits."""
+    data = bytearray(draw(seeds))
+    for _ in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, len(data)))
+        edit = draw(st.sampled_from(["flip", "byte", "insert", "delete", "truncate", "duplicate"]))
+        if edit == "flip" and at < len(data):
+            data[at] ^= 1 << draw(st.integers(0, 7))
+        elif edit == "byte" and at < len(data):
+            data[at] = draw(st.sampled_from([0x00, 0x01, 0x7F, 0x80, 0xFF, 0x0A, 0x12, 0x1A, 0x0B, 0x0C]))
+        elif edit == "insert":
+            data[at:at] = draw(st.binary(min_size=1, max_size=6))
+        elif edit == "delete":
+            del data[at : at + draw(st.integers(1, 8))]
+        elif edit == "truncate":
+            del data[at:]
+        elif edit == "duplicate":
+            data[at:at] = data[at : at + draw(st.integers(1, 64))]
+    return bytes(data)
+
+
+FUZZ = settings(deadline=2000, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@settings(FUZZ, max_examples=2000)
+@given(data=mutated(st.sampled_from(SEEDS)))
+def test_mutated_requests_are_accepted_or_refused_alike_and_never_crash(data: bytes) -> None:
+    assert_same(data)
+
+
+@settings(FUZZ, max_examples=200)
+@given(data=mutated(requests()))
+def test_mutated_generated_requests_are_accepted_or_refused_alike(data: bytes) -> None:
+    assert_same(data)
+
+
+@settings(max_examples=500, deadline=1000)
+@given(data=st.binary(max_size=200))
+def test_random_bytes_are_accepted_or_refused_alike(data: bytes) -> None:
+    assert_same(data)
+
+
+# --- choice at import ---------------------------------------------------------------------
+
+
+def _decoder_in_child(env: dict[str, str]) -> str:
+    code = "from otel_plumb.receive import otlp; print(otlp.DECODER, otlp.decode_request is otlp.pure_decode_request)"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                         check=True)  # fmt: skip
+    return out.stdout.strip()
+
+
+def test_the_native_decoder_is_chosen_when_built_and_pure_python_when_forced() -> None:
+    assert _decoder_in_child({otlp.PURE_PYTHON_ENV: "0"}) == "native False"
+    assert _decoder_in_child({otlp.PURE_PYTHON_ENV: "1"}) == "pure-python True"
