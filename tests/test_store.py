@@ -5,7 +5,10 @@ opening, and a live processor filling it with what it decided (redacted)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -194,4 +197,41 @@ async def test_a_running_processor_stores_what_it_decided(tmp_path: Path) -> Non
     assert vendors and all(v.startswith("[hmac:") for v in vendors)  # what leaves the processor is redacted
     violating = {d.trajectory.trace_id for d in decided if d.status == "violating"}
     assert {i["trace_id"] for i in store.find(Filters(status="violating"), limit=500)[0]} == violating
+    store.close()
+
+
+def test_replay_and_campaign_runs_write_to_the_same_store(tmp_path: Path) -> None:
+    """``replay --store`` adds its trajectories as a replay run; a campaign's trials land in the
+    same tables of its own store file, once each even when a trial is saved again."""
+    db = tmp_path / "console.sqlite"
+    fixtures = sorted((Path(__file__).parent / "fixtures" / "ap").glob("*.jsonl"))
+    done = subprocess.run(
+        [sys.executable, "-m", "otel_plumb", "replay", *map(str, fixtures), "--policy", str(policy_path()),
+         "--json", str(tmp_path / "r.json"), "--store", str(db)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert "stored" in done.stdout
+    store = TrajectoryStore(db, readonly=True)
+    items, _ = store.find(Filters(source="replay"), limit=500)
+    assert sorted(i["trace_id"] for i in items) == sorted(t["trace_id"] for t in report["trajectories"])
+    assert len({i["run_id"] for i in items}) == 1
+    violating = [t["trace_id"] for t in report["trajectories"] if t["status"] == "violating"]
+    assert sorted(i["trace_id"] for i in store.find(Filters(status="violating", source="replay"), limit=500)[0]) == (
+        sorted(violating)
+    )
+    store.close()
+
+    from otel_plumb.campaign.store import Store, TrialRow
+
+    campaign = Store(db)
+    record = report["trajectories"][0]
+    row = TrialRow("t-1", "id-1", "naive", "INV-1", "v1", "baseline", 0, record["trace_id"], "ok")
+    campaign.save_trial("run-1", row, record)
+    campaign.save_trial("run-1", row, record)  # resumed: saved again
+    campaign.close()
+    store = TrajectoryStore(db, readonly=True)
+    (stored,) = store.find(Filters(source="campaign", run_id="run-1"))[0]
+    assert stored["trial_id"] == "t-1" and store.trial("run-1", "t-1") is not None
     store.close()

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from otel_plumb.campaign.perturb import Discard, Variant
+from otel_plumb.store import TrajectoryStore
 
 DEFAULT_STORE = Path(".otel-plumb") / "runs.db"
 
@@ -101,8 +102,12 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(_SCHEMA)
+        # Trial trajectories also go to the console's tables in the same file, beside live
+        # traffic and replays.
+        self.decided = TrajectoryStore(self.path)
 
     def close(self) -> None:
+        self.decided.close()
         self.db.close()
 
     # runs
@@ -177,6 +182,8 @@ class Store:
                 self.db.executemany("INSERT INTO verdicts VALUES (?,?,?,?,?,?,?)", [
                     (run_id, t.trial_id, v.get("policy"), v["invariant"], v["verdict"], v["severity"],
                      v.get("step_index")) for v in record.get("verdicts", [])])
+        if record is not None:
+            self.decided.add([{**record, "trial_id": t.trial_id}], "campaign", run_id)
 
     def trials(self, run_id: str) -> Iterator[TrialRow]:
         rows = self.db.execute(

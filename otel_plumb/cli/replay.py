@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -123,6 +125,8 @@ _group_by = click.option(
 @_json
 @click.option("--html", "html_out", metavar="OUT", help="Write a self-contained HTML report to OUT.")
 @click.option("--junit", "junit_out", metavar="OUT", help="Write JUnit XML (a test case per trajectory and invariant).")
+@click.option("--store", "store_path", metavar="DB", help="Add the decided trajectories to the trajectory store DB "
+              "(created if missing) for otel-plumb console.")  # fmt: skip
 @_group_by
 def replay(
     files: tuple[str, ...],
@@ -130,6 +134,7 @@ def replay(
     json_out: str | None,
     html_out: str | None,
     junit_out: str | None,
+    store_path: str | None,
     group_by: GroupBy,
 ) -> None:
     """Read trace files (OTLP JSON/protobuf, Jaeger JSON, .gz/.zst; '-' for standard input) into trajectories,
@@ -141,11 +146,32 @@ def replay(
     if json_out:
         write_json(json_out, report)
     write_reports(report, html_out, junit_out)
+    if store_path:
+        run_id = store_replay(store_path, report)
     if json_out != "-":
+        if store_path:
+            click.echo(f"stored {len(report['trajectories'])} trajectories in {store_path} as replay {run_id}")
         print_summary(result, report)
         print_verdicts(report)
     if report["summary"]["violating"]:
         raise SystemExit(1)
+
+
+def store_replay(path: str, report: dict[str, Any]) -> str:
+    """The report's trajectories (already redacted as its policies say) into a trajectory store,
+    under a run id of their own."""
+    from otel_plumb.store import TrajectoryStore
+
+    run_id = time.strftime("replay-%Y%m%dT%H%M%S")
+    try:
+        store = TrajectoryStore(path)
+        try:
+            store.add(report["trajectories"], "replay", run_id=run_id)
+        finally:
+            store.close()
+    except (OSError, sqlite3.Error) as exc:
+        raise RunError(f"{path}: cannot store the trajectories: {exc}") from None
+    return run_id
 
 
 @click.command()

@@ -126,6 +126,9 @@ class TrajectoryStore:
         db = self.db
         with self._transaction():
             for record in records:
+                trial = record.get("trial_id")
+                if run_id is not None and trial is not None:  # a trial stored again (a resumed run)
+                    self._delete_rows("run_id = ? AND trial_id = ?", (run_id, trial))
                 verdicts = record.get("verdicts") or []
                 cur = db.execute(
                     "INSERT INTO decided (source, run_id, trial_id, decided_at, trace_id, key, agent, service, status,"
@@ -177,9 +180,12 @@ class TrajectoryStore:
 
     def _delete_where(self, where: str, args: tuple[Any, ...]) -> int:
         with self._transaction():
-            self.db.execute(f"DELETE FROM decided_verdicts WHERE decided_id IN (SELECT id FROM decided WHERE {where})",
-                            args)  # fmt: skip
-            return int(self.db.execute(f"DELETE FROM decided WHERE {where}", args).rowcount)
+            return self._delete_rows(where, args)
+
+    def _delete_rows(self, where: str, args: tuple[Any, ...]) -> int:
+        ids = f"SELECT id FROM decided WHERE {where}"
+        self.db.execute(f"DELETE FROM decided_verdicts WHERE decided_id IN ({ids})", args)
+        return int(self.db.execute(f"DELETE FROM decided WHERE {where}", args).rowcount)
 
     # ---- reading ---------------------------------------------------------------------------
 
