@@ -6,11 +6,19 @@
 # replaces it:
 #   docker run -p 4317:4317 -v $PWD/plumb.yaml:/etc/otel-plumb/plumb.yaml:ro otel-plumb \
 #     run --config /etc/otel-plumb/plumb.yaml --state-dir /var/lib/otel-plumb
+# The builder has the C compiler for the native OTLP decoder (otel_plumb/receive/_otlp_native.c);
+# the image it feeds has none. The build fails if the decoder did not compile (an install
+# without a compiler would quietly fall back to the slower pure-Python decoder).
 FROM python:3.11-slim AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY otel_plumb ./otel_plumb
-RUN pip install --no-cache-dir --prefix=/install .
+RUN pip install --no-cache-dir --prefix=/install . \
+ && PYTHONPATH=/install/lib/python3.11/site-packages python -c \
+    "from otel_plumb.receive import otlp; assert otlp.DECODER == 'native', otlp.DECODER_DETAIL"
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -39,8 +39,20 @@ class LazyGroup(click.Group):
         return command
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib.metadata import version
+
+    from otel_plumb.receive.otlp import DECODER, DECODER_DETAIL
+
+    click.echo(f"otel-plumb, version {version('otel-plumb')}\nOTLP decoder: {DECODER} ({DECODER_DETAIL})")
+    ctx.exit()
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="otel-plumb")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version and the OTLP decoder in use, and exit.")  # fmt: skip
 def cli() -> None:
     """Check LLM agent trajectories, built from OpenTelemetry traces, against declared invariants."""
 

@@ -101,7 +101,7 @@ def _native_decoder() -> tuple[Callable[[bytes], list[SpanRecord]] | None, str]:
         from otel_plumb.receive import _otlp_native  # type: ignore[attr-defined]
     except ImportError as exc:
         return None, f"no compiled decoder: {exc}"
-    return _otlp_native.decode_request, "compiled"
+    return _otlp_native.decode_request, f"compiled: {os.path.basename(_otlp_native.__file__)}"
 
 
 native_decode_request, DECODER_DETAIL = _native_decoder()
