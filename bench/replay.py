@@ -1,14 +1,18 @@
-"""Replay throughput and memory: ``python bench/replay.py [--spans N]``.
+"""Replay throughput and memory: ``python bench/replay.py [--spans N] [--runs 3]``.
 
 Writes a Collector-style trace file (length-prefixed OTLP protobuf records) of agent traces
 (invoke_agent > chat / execute_tool spans with ~200-byte JSON arguments, 10-20 spans a trace),
-then measures, each in its own child process:
+then measures, each in its own child process and the median of ``--runs`` runs:
 
 - plain parse: ``ExportTraceServiceRequest.FromString`` over every record (the floor);
+- read: the file to SpanRecords (decode only);
 - replay: read + normalise + assemble, the pipeline ``otel-plumb replay`` runs;
 
-and prints spans/s for both, their ratio, and the replay's peak RSS against the file size.
-Targets: replay >= 100k spans/s, >= 10% of plain parse, peak RSS < 2x file size + 200 MB.
+read and replay both with the native decoder and with the pure-Python one
+(``OTEL_PLUMB_PURE_PYTHON=1``), side by side, with their ratio to plain parse in the same run,
+and the replay's peak RSS against the file size.
+Targets: replay (native) >= 150k spans/s; replay (pure Python) >= 100k spans/s and >= 10% of
+plain parse; peak RSS < 2x file size + 200 MB.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
 
+PURE_PYTHON_ENV = "OTEL_PLUMB_PURE_PYTHON"  # as otel_plumb.receive.otlp reads it
 BATCH_SPANS = 512
 TOOLS = ("fetch_invoice", "match_purchase_order", "check_duplicate", "schedule_payment", "post_audit_log")
 
@@ -198,17 +203,36 @@ def child_replay(path: str) -> dict[str, float]:
     }
 
 
-def run_child(mode: str, path: Path) -> dict[str, float]:
+def run_child(mode: str, path: Path, *, pure: bool = False) -> dict[str, float]:
+    env = dict(os.environ)
+    env.pop(PURE_PYTHON_ENV, None)
+    if pure:
+        env[PURE_PYTHON_ENV] = "1"
     out = subprocess.run(
-        [sys.executable, __file__, "--child", mode, str(path)], check=True, capture_output=True, text=True
+        [sys.executable, __file__, "--child", mode, str(path)], check=True, capture_output=True, text=True, env=env
     )
     result: dict[str, float] = json.loads(out.stdout)
     return result
 
 
+def median_run(mode: str, path: Path, runs: int, *, pure: bool = False) -> dict[str, float]:
+    """The run of median speed among ``runs``."""
+    results = sorted((run_child(mode, path, pure=pure) for _ in range(runs)), key=lambda r: r["seconds"])
+    return results[len(results) // 2]
+
+
+def decoder_in_use() -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", "from otel_plumb.receive import otlp; print(otlp.DECODER, '-', otlp.DECODER_DETAIL)"],
+        check=True, capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != PURE_PYTHON_ENV},
+    )  # fmt: skip
+    return out.stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spans", type=int, default=200_000)
+    parser.add_argument("--runs", type=int, default=3, help="runs of each measurement; the median is shown")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "FILE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -218,44 +242,62 @@ def main() -> None:
         print(json.dumps(result))
         return
 
+    decoder = decoder_in_use()
+    print(f"decoder: {decoder}")
+    native = decoder.startswith("native")
     with tempfile.TemporaryDirectory(prefix="otel-plumb-bench-") as tmp:
         path = Path(tmp) / "traces.pb"
         t0 = time.perf_counter()
         spans = write_file(path, args.spans)
         size_mb = os.path.getsize(path) / 2**20
         print(f"file: {spans} spans, {size_mb:.1f} MB of length-prefixed OTLP protobuf "
-              f"(written in {time.perf_counter() - t0:.1f}s)")
-        parse = run_child("parse", path)
-        read = run_child("read", path)
-        replay = run_child("replay", path)
+              f"(written in {time.perf_counter() - t0:.1f}s); median of {args.runs} runs")
+        parse = median_run("parse", path, args.runs)
+        runs: dict[str, dict[str, dict[str, float]]] = {"pure-python": {}, "native": {}}
+        for name in runs if native else ("pure-python",):
+            for mode in ("read", "replay"):
+                runs[name][mode] = median_run(mode, path, args.runs, pure=name == "pure-python")
         json_path = Path(tmp) / "traces.jsonl"
         write_json_lines(path, json_path)
         json_mb = os.path.getsize(json_path) / 2**20
-        replay_json = run_child("replay", json_path)
+        replay_json = median_run("replay", json_path, args.runs)
 
     parse_rate = parse["spans"] / parse["seconds"]
-    replay_rate = replay["spans"] / replay["seconds"]
-    ratio = replay_rate / parse_rate
-    mem_budget = 2 * size_mb + 200
     print(f"plain parse (FromString): {parse_rate:>12,.0f} spans/s   ({parse['seconds']:.2f}s, "
           f"peak RSS {parse['max_rss_mb']:.0f} MB)")
-    read_rate = read["spans"] / read["seconds"]
-    print(f"read to SpanRecords (decode only): {read_rate:>9,.0f} spans/s   ({read['seconds']:.2f}s, "
-          f"{read['seconds'] / replay['seconds']:.0%} of replay time)")
-    print(f"replay (read+normalise+assemble): {replay_rate:>10,.0f} spans/s   ({replay['seconds']:.2f}s, "
-          f"{replay['trajectories']:.0f} trajectories, {replay['tool_steps']:.0f} tool steps, "
-          f"{replay['args_captured']:.0f} with arguments, {replay['errors']:.0f} errors)")
-    print(f"replay / plain parse: {ratio:.1%}")
+    rates: dict[str, dict[str, float]] = {}
+    for name, modes in runs.items():
+        if not modes:
+            print(f"{name}: not built, not measured")
+            continue
+        read, replay = modes["read"], modes["replay"]
+        rates[name] = {"read": read["spans"] / read["seconds"], "replay": replay["spans"] / replay["seconds"]}
+        print(f"{name}:")
+        print(f"  read to SpanRecords (decode only):  {rates[name]['read']:>10,.0f} spans/s   "
+              f"({rates[name]['read'] / parse_rate:.0%} of plain parse, {read['seconds']:.2f}s, "
+              f"{read['seconds'] / replay['seconds']:.0%} of replay time)")
+        print(f"  replay (read+normalise+assemble):   {rates[name]['replay']:>10,.0f} spans/s   "
+              f"({rates[name]['replay'] / parse_rate:.1%} of plain parse, {replay['seconds']:.2f}s, "
+              f"{replay['trajectories']:.0f} trajectories, {replay['tool_steps']:.0f} tool steps, "
+              f"{replay['args_captured']:.0f} with arguments, {replay['errors']:.0f} errors, "
+              f"peak RSS {replay['max_rss_mb']:.0f} MB)")
+    if len(rates) == 2:
+        print(f"native / pure-python: read {rates['native']['read'] / rates['pure-python']['read']:.1f}x, "
+              f"replay {rates['native']['replay'] / rates['pure-python']['replay']:.2f}x")
     print(f"replay from OTLP/JSON lines ({json_mb:.1f} MB, the file exporter's default format): "
           f"{replay_json['spans'] / replay_json['seconds']:,.0f} spans/s ({replay_json['seconds']:.2f}s, "
           f"peak RSS {replay_json['max_rss_mb']:.0f} MB)")
-    print(f"replay peak RSS: {replay['max_rss_mb']:.0f} MB for a {size_mb:.1f} MB file "
-          f"(budget 2x file + 200 MB = {mem_budget:.0f} MB)")
+    mem_budget = 2 * size_mb + 200
+    peak = max(m["replay"]["max_rss_mb"] for m in runs.values() if m)
+    print(f"replay peak RSS: {peak:.0f} MB for a {size_mb:.1f} MB file (budget 2x file + 200 MB = {mem_budget:.0f} MB)")
+    pure = rates["pure-python"]["replay"]
     checks = {
-        "replay >= 100k spans/s": replay_rate >= 100_000,
-        "replay >= 10% of plain parse": ratio >= 0.10,
-        "peak RSS < 2x file + 200 MB": replay["max_rss_mb"] < mem_budget,
-        "every span read": replay["spans"] == spans == parse["spans"] == replay_json["spans"],
+        "replay (native) >= 150k spans/s": native and rates["native"]["replay"] >= 150_000,
+        "replay (pure Python) >= 100k spans/s": pure >= 100_000,
+        "replay (pure Python) >= 10% of plain parse": pure / parse_rate >= 0.10,
+        "peak RSS < 2x file + 200 MB": peak < mem_budget,
+        "every span read": all(m["replay"]["spans"] == spans for m in runs.values() if m)
+        and spans == parse["spans"] == replay_json["spans"],
     }
     for name, ok in checks.items():
         print(f"  [{'ok' if ok else 'MISSED'}] {name}")

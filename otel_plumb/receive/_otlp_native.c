@@ -226,6 +226,44 @@ static int read_string(Dec *d, ptr *pp, ptr end, PyObject **slot) {
     return 0;
 }
 
+/* Attribute keys repeat from span to span: the str of a short ASCII key is kept (with its
+ * hash computed once) in a small direct-mapped cache instead of being built for every span. */
+#define KEY_CACHE_SIZE 1024
+#define KEY_CACHE_MAX_LEN 64
+static PyObject *key_cache[KEY_CACHE_SIZE];
+
+static int read_key(Dec *d, ptr *pp, ptr end, PyObject **slot) {
+    ptr a, b;
+    ptr start = *pp;
+    if (read_len(d, pp, end, &a, &b) < 0) return -1;
+    Py_ssize_t n = b - a;
+    if (n == 0 || n > KEY_CACHE_MAX_LEN) {
+        *pp = start;
+        return read_string(d, pp, end, slot);
+    }
+    uint32_t h = 2166136261u;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (a[i] >= 0x80) { /* not ASCII: decoded (and checked) as any string */
+            *pp = start;
+            return read_string(d, pp, end, slot);
+        }
+        h = (h ^ a[i]) * 16777619u;
+    }
+    PyObject **entry = &key_cache[h & (KEY_CACHE_SIZE - 1)];
+    PyObject *s = *entry;
+    if (s == NULL || PyUnicode_GET_LENGTH(s) != n || memcmp(PyUnicode_1BYTE_DATA(s), a, n) != 0) {
+        s = PyUnicode_FromKindAndData(PyUnicode_1BYTE_KIND, a, n);
+        if (s == NULL) return fail(d, E_PYTHON);
+        if (PyObject_Hash(s) == -1) {
+            Py_DECREF(s);
+            return fail(d, E_PYTHON);
+        }
+        Py_XSETREF(*entry, s);
+    }
+    Py_XSETREF(*slot, Py_NewRef(s));
+    return 0;
+}
+
 static inline int enter(Dec *d) {
     if (--d->depth < 0) return fail(d, E_DEPTH);
     return 0;
@@ -455,7 +493,7 @@ static int parse_key_value_into(Dec *d, ptr p, ptr end, PyObject *dict) {
         int wt;
         if (read_tag(d, &p, d->end, &field, &wt) < 0) goto done;
         if (field == 1 && wt == 2) {
-            if (read_string(d, &p, d->end, &key) < 0) goto done;
+            if (read_key(d, &p, d->end, &key) < 0) goto done;
         } else if (field == 2 && wt == 2) {
             ptr a, b;
             if (read_len(d, &p, end, &a, &b) < 0) goto done;
