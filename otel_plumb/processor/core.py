@@ -29,6 +29,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from otel_plumb import tls
 from otel_plumb.assemble import AddOutcome, AssemblyLimits, Finished, build_trajectory
 from otel_plumb.check import CompiledPolicy, decide, load_policies, redaction_for
+from otel_plumb.check.early import EarlyState, EarlyWatch
 from otel_plumb.configtypes import parse_hostport
 from otel_plumb.export.annotate import (
     Origin,
@@ -83,9 +84,11 @@ class Processor:
     def __init__(self, config: ProcessorConfig, policies: Sequence[CompiledPolicy] | None = None) -> None:
         self.config = config
         self.policies = list(policies) if policies is not None else load_policy_files(config.policies)
-        # Early checks build a partial trajectory per touched trace: only worth it when some
+        # Early checks keep counters per trace in flight (check.early): only worth it when some
         # invariant can fail early.
         self._early_checks = any(inv.early for p in self.policies for inv in p.invariants)
+        self._early_watch = EarlyWatch(self.policies)
+        self._early_state: dict[str, EarlyState] = {}
         a = config.assembly
         self.intake = Intake(
             AssemblyLimits(
@@ -519,6 +522,10 @@ class Processor:
                             self._rooted.add(tid)
                         if early_checks:
                             touched[tid] = touched.get(tid, False) or normalised.kind != "other"
+                            state = self._early_state.get(tid)
+                            if state is None:
+                                state = self._early_state[tid] = self._early_watch.state()
+                            state.add(normalised)
                     elif outcome is AddOutcome.DUPLICATE or outcome is AddOutcome.CONFLICTING_DUPLICATE:
                         # Not lost: the first copy went on. Neither a second step nor sent twice.
                         resent += 1
@@ -579,7 +586,11 @@ class Processor:
 
     def _early_check(self, trace_id: str) -> Decision | None:
         """Failures already certain (never_call, precedes, call_count max, budget) on a trace
-        still in flight, each reported once; the full evaluation follows at completion."""
+        still in flight, each reported once; the full evaluation follows at completion. The
+        trace's counters say first whether one may fail: the partial trajectory is built only then."""
+        state = self._early_state.get(trace_id)
+        if state is None or not self._early_watch.may_fail(state, self._early.get(trace_id, frozenset())):
+            return None
         spans = self.intake.buffered_spans(trace_id)
         partial = build_trajectory(trace_id, spans, complete=False, incomplete_reason="in_flight")
         reported = self._early.setdefault(trace_id, set())
@@ -634,6 +645,7 @@ class Processor:
             for t in f.trace_ids:
                 early |= self._early.pop(t, set())
                 self._rooted.discard(t)
+                self._early_state.pop(t, None)
             new_failures = [v for v in decided.failures if (v.policy, v.invariant) not in early]
             decisions.append(Decision(decided, f.payloads, now - last, new_failures))
             for t in f.trace_ids:

@@ -1,0 +1,188 @@
+"""Early checks on traces in flight, kept incremental: per trace, counters updated as its spans
+arrive tell when a failure of an early invariant has become possible, and only then is the
+partial trajectory built and checked (``CompiledPolicy.early_failures``), so the verdicts are
+those of that evaluation, message for message.
+
+Cost: ``EarlyState.add`` is O(1) per span (O(requested calls) for a model call naming tools);
+``EarlyWatch.may_fail`` is O(early invariants x tools they name) per request touching the
+trace, whatever the trace's size. The partial trajectory (O(spans)) is built only on a
+request after which some early invariant not yet reported may fail, which for an invariant
+that does fail is once per trace; that keeps a trace of N spans in requests of k at O(N), not
+O(N^2 / k).
+
+What ``may_fail`` says is a necessary condition of a fail, from what building a trajectory
+can do to the steps: it only ever removes tool calls (a tool that ran another agent becomes an
+``other`` step, a handoff an ``agent`` step, requested calls vanish once tool spans are in) and
+model calls (one recorded twice counts once), and takes tokens away, so counts and totals over
+the spans bound those over the steps. Order is by start time, so for ``precedes`` a first
+successful ``then`` that starts no later than every successful ``first`` is necessary, unless
+the order or the kinds may be rearranged (a turn of parallel calls put in request order, an
+agent span under another span, a ``first`` tool named like a handoff): then any successful
+``then`` call is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from otel_plumb.check import checks as ck
+from otel_plumb.check.policy import CompiledPolicy
+from otel_plumb.model.trajectory import NormalisedSpan
+
+_NEVER = 1 << 62  # no such call yet: later than any start time
+
+
+@dataclass(slots=True)
+class _Tool:
+    """One watched tool name in one trace: successful calls, attempts, calls only requested by a
+    model, and the earliest start of a successful (or requested) call."""
+
+    ok: int = 0
+    tried: int = 0
+    asked: int = 0
+    first_ok: int = _NEVER
+    first_asked: int = _NEVER
+
+
+class EarlyState:
+    """What the early invariants need to know of one trace in flight, updated span by span."""
+
+    __slots__ = ("end", "llm_spans", "reordered", "requested", "spans", "start", "tokens", "tool_errors",
+                 "tool_spans", "tools", "watched")  # fmt: skip
+
+    def __init__(self, watched: frozenset[str]) -> None:
+        self.watched = watched
+        self.spans = self.requested = self.tool_spans = self.llm_spans = self.tool_errors = self.tokens = 0
+        self.start, self.end = _NEVER, -_NEVER
+        # The step order may differ from start order, or a tool call may become another kind.
+        self.reordered = False
+        self.tools: dict[str, _Tool] = {}
+
+    def _tool(self, name: str) -> _Tool:
+        tool = self.tools.get(name)
+        if tool is None:
+            tool = self.tools[name] = _Tool()
+        return tool
+
+    def add(self, span: NormalisedSpan) -> None:
+        """Count one span taken into the trace's buffer (each span once: duplicates are not)."""
+        self.spans += 1
+        self.start = min(self.start, span.start_ns)
+        self.end = max(self.end, span.end_ns)
+        if span.tokens is not None:
+            self.tokens += span.tokens
+        kind = span.kind
+        if kind == "tool":
+            self.tool_spans += 1
+            if span.error is not None:
+                self.tool_errors += 1
+            if span.name in self.watched:
+                tool = self._tool(span.name)
+                tool.tried += 1
+                if span.error is None:
+                    tool.ok += 1
+                    tool.first_ok = min(tool.first_ok, span.start_ns)
+        elif kind == "llm":
+            self.llm_spans += 1
+        elif kind == "agent" and span.parent_span_id is not None:
+            self.reordered = True  # it may be a tool's run: that tool call becomes another kind
+        calls = span.requested_calls
+        if calls:
+            self.requested += len(calls)
+            if len(calls) > 1:
+                self.reordered = True  # a turn of parallel calls runs in request order
+            for call in calls:
+                if call.name in self.watched:
+                    tool = self._tool(call.name)
+                    tool.asked += 1
+                    tool.first_asked = min(tool.first_asked, span.end_ns)  # where a requested step sits
+
+    def ok(self, tools: ck.Tools) -> int:
+        """Successful and requested calls of ``tools``: at least the successful calls among the steps."""
+        return sum(t.ok + t.asked for name, t in self.tools.items() if name in tools)
+
+    def tried(self, tools: ck.Tools) -> int:
+        return sum(t.tried + t.asked for name, t in self.tools.items() if name in tools)
+
+    def first_ok(self, tools: ck.Tools, *, requested: bool) -> int:
+        return min(
+            (min(t.first_ok, t.first_asked) if requested else t.first_ok for n, t in self.tools.items() if n in tools),
+            default=_NEVER,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    key: tuple[str, str]  # (policy, invariant), as reported
+    check: ck.Check
+    scoped: bool
+    # precedes only: a ``first`` tool is named like a handoff (its calls may become agent steps)
+    handoff_first: bool
+
+
+class EarlyWatch:
+    """The early invariants of a set of policies, and when each may fail on a trace in flight."""
+
+    __slots__ = ("rules", "watched")
+
+    def __init__(self, policies: Sequence[CompiledPolicy]) -> None:
+        self.rules = [
+            _Rule((p.name, inv.id), inv.check, inv.scope is not None, _handoff_named(getattr(inv.check, "first", ())))
+            for p in policies
+            for inv in p.invariants
+            if inv.early
+        ]
+        self.watched = frozenset(
+            name
+            for rule in self.rules
+            for attr in ("tools", "first", "then")
+            for name in getattr(rule.check, attr, frozenset[str]())
+        )
+
+    def state(self) -> EarlyState:
+        return EarlyState(self.watched)
+
+    def may_fail(self, state: EarlyState, reported: set[tuple[str, str]] | frozenset[tuple[str, str]]) -> bool:
+        """Can an early invariant not yet reported for the trace fail on what it holds now?"""
+        return any(rule.key not in reported and _may_fail(rule, state) for rule in self.rules)
+
+
+def _handoff_named(tools: frozenset[str] | tuple[()]) -> bool:
+    # The names build_trajectory may turn into agent steps (handoff tools, transfer_to_<agent>).
+    return any(t in ("transfer_to_agent", "handoff_to_agent", "handoff") or t.startswith("transfer_to_") for t in tools)
+
+
+def _may_fail(rule: _Rule, s: EarlyState) -> bool:
+    check = rule.check
+    if isinstance(check, ck.NeverCall):
+        return (s.tried(check.tools) if check.attempts else s.ok(check.tools)) > 0
+    if isinstance(check, ck.CallCount):
+        return check.high is not None and s.ok(check.tools) > check.high
+    if isinstance(check, ck.Precedes):
+        then = s.first_ok(check.then, requested=True)
+        if then == _NEVER:
+            return False
+        # A scope cuts the ``first`` calls before its opening off; reordering may move them.
+        if rule.scoped or rule.handoff_first or s.reordered:
+            return True
+        return then <= s.first_ok(check.first, requested=False)
+    if isinstance(check, ck.Budget):
+        return any(_over(name, limit, s) for name, limit in check.limits.items())
+    return True  # a kind this does not know: check every time
+
+
+def _over(name: str, limit: float, s: EarlyState) -> bool:
+    if name == "max_steps":
+        return s.spans + s.requested > limit
+    if name == "max_tool_calls":
+        return s.tool_spans + s.requested > limit
+    if name == "max_llm_calls":
+        return s.llm_spans > limit
+    if name == "max_tool_errors":
+        return s.tool_errors > limit
+    if name == "max_duration_ms":
+        return s.spans > 0 and (s.end - s.start) / 1e6 > limit
+    if name == "max_tokens":
+        return s.tokens > limit
+    return True

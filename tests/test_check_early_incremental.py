@@ -1,0 +1,178 @@
+"""Incremental early checks: per-trace counters decide when the partial trajectory is built and
+checked. Whatever the spans, however they are split into requests and ordered, the early
+failures reported after each request are those of building and checking the partial trajectory
+after every request (what the processor did before the counters)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otel_plumb.assemble import build_trajectory
+from otel_plumb.check import CompiledPolicy, load_policy
+from otel_plumb.check.early import EarlyWatch
+from otel_plumb.model import NormalisedSpan, RequestedCall, Verdict
+
+POLICY_TEXT = """
+policy: early
+invariants:
+  - {id: never-delete, never_call: delete}
+  - {id: never-try-wipe, never_call: {tool: wipe, attempts: true}}
+  - {id: pay-once, call_count: {tool: pay, max: 1}}
+  - {id: look-twice, call_count: {tool: lookup, min: 1, max: 2}}
+  - {id: look-before-pay, precedes: {first: lookup, then: pay}}
+  - {id: check-before-pay-after-look, precedes: {first: check, then: pay}, scope: {after: lookup}}
+  - {id: handoff-before-pay, precedes: {first: transfer_to_billing, then: pay}}
+  - {id: small, budget: {max_steps: 9, max_tool_errors: 1}}
+  - {id: quick, budget: {max_duration_ms: 0.03, max_tokens: 60}}
+  - {id: few-calls, budget: {max_tool_calls: 4, max_llm_calls: 2}}
+"""
+OTHER_TEXT = """
+policy: other
+applies_to: {service: billing-*}
+invariants:
+  - {id: no-refund, never_call: refund}
+  - {id: pay-once, call_count: {tool: [pay, refund], max: 0}}
+"""
+TOOLS = ["delete", "wipe", "pay", "lookup", "check", "refund", "transfer_to_billing", "other_tool"]
+# Most calls are of the few tools the ordering invariants name, so that orders are tried.
+COMMON = ["pay", "lookup", "check"]
+
+
+def _load(text: str) -> CompiledPolicy:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "p.yaml"
+        path.write_text(text)
+        return load_policy(path)
+
+
+def _alone(text: str) -> list[list[CompiledPolicy]]:
+    """Each invariant of a policy as a policy of its own (so that one invariant that may always
+    fail does not make the counters of the others untested)."""
+    head, _, body = text.partition("invariants:\n")
+    return [[_load(f"{head}invariants:\n{line}\n")] for line in body.splitlines() if line.strip()]
+
+
+# Every invariant alone, and all of them together.
+POLICY_SETS = [*_alone(POLICY_TEXT), *_alone(OTHER_TEXT), [_load(POLICY_TEXT), _load(OTHER_TEXT)]]
+WATCHES = [EarlyWatch(policies) for policies in POLICY_SETS]
+
+
+@st.composite
+def traces(draw: Any) -> list[NormalisedSpan]:
+    n = draw(st.integers(1, 14))
+    spans: list[NormalisedSpan] = []
+    for i in range(n):
+        kind = draw(st.sampled_from(["tool", "tool", "tool", "llm", "agent", "other"]))
+        parent = draw(st.one_of(st.none(), st.integers(0, n)))  # n: a parent not in the trace
+        start = draw(st.integers(0, 6)) * 1000  # ties happen
+        requested: list[RequestedCall] = []
+        if kind == "llm":
+            for j in range(draw(st.integers(0, 3))):
+                name = draw(st.sampled_from(TOOLS))
+                call_id = draw(st.one_of(st.none(), st.just(f"c{i}_{j}")))
+                requested.append(RequestedCall(name, {"x": j}, "captured", call_id))
+        spans.append(
+            NormalisedSpan(
+                trace_id="t", span_id=f"s{i}", parent_span_id=None if parent is None else f"s{parent}",
+                span_name=f"span {i}", start_ns=start, end_ns=start + draw(st.integers(0, 40)) * 1000, kind=kind,
+                name=draw(st.sampled_from(COMMON * 3 + TOOLS)) if kind == "tool"
+                else draw(st.sampled_from(["a", "b", "billing"])),
+                convention="test",
+                error=draw(st.sampled_from([None, None, None, "boom"])) if kind == "tool" else None,
+                tokens=draw(st.one_of(st.none(), st.integers(0, 40))) if kind == "llm" else None,
+                tool_call_id=draw(st.one_of(st.none(), st.sampled_from([f"c{k}_0" for k in range(n)]))),
+                requested_calls=requested,
+                attributes={"service.name": draw(st.sampled_from(["billing-api", "support"]))},
+            )
+        )  # fmt: skip
+    return spans
+
+
+def _new_failures(
+    policies: list[CompiledPolicy], spans: list[NormalisedSpan], reported: set[tuple[str, str]]
+) -> list[Verdict]:
+    """What the processor reports after a request: unreported early failures, none resting on a
+    model's request alone."""
+    partial = build_trajectory("t", spans, complete=False, incomplete_reason="in_flight")
+    requested_only = {s.span_id for s in partial.steps if s.source == "llm_output"}
+    out = []
+    for policy in policies:
+        if not policy.applies_to(partial):
+            continue
+        for v in policy.early_failures(partial):
+            if v.span_id not in requested_only and (v.policy, v.invariant) not in reported:
+                reported.add((v.policy, v.invariant))
+                out.append(v)
+    return out
+
+
+@pytest.mark.parametrize("which", range(len(POLICY_SETS) - 1))
+@settings(max_examples=150, deadline=None)
+@given(traces())
+def test_no_invariant_fails_where_its_counters_say_it_cannot(which: int, spans: list[NormalisedSpan]) -> None:
+    policies, watch = POLICY_SETS[which], WATCHES[which]
+    state = watch.state()
+    for span in spans:
+        state.add(span)
+    if _new_failures(policies, spans, set()):
+        assert watch.may_fail(state, set())
+
+
+@pytest.mark.parametrize("which", range(len(POLICY_SETS)))
+@settings(max_examples=30, deadline=None)
+@given(traces(), st.data())
+def test_counters_report_what_checking_after_every_request_reports(
+    which: int, spans: list[NormalisedSpan], data: Any
+) -> None:
+    policies, watch = POLICY_SETS[which], WATCHES[which]
+    order = data.draw(st.permutations(range(len(spans))))
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(spans) - 1)), max_size=len(spans))))
+    requests = [[spans[i] for i in order[a:b]] for a, b in zip([0, *cuts], [*cuts, len(spans)], strict=False) if a < b]
+    buffered: list[NormalisedSpan] = []
+    every: set[tuple[str, str]] = set()
+    gated: set[tuple[str, str]] = set()
+    state = watch.state()
+    for request in requests:
+        buffered += request
+        for span in request:
+            state.add(span)
+        expected = _new_failures(policies, buffered, every)
+        got = _new_failures(policies, buffered, gated) if watch.may_fail(state, gated) else []
+        assert got == expected
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, len(POLICY_SETS) - 1), traces(), st.data())
+def test_in_end_order_any_split_reports_the_failures_of_one_delivery(
+    which: int, spans: list[NormalisedSpan], data: Any
+) -> None:
+    """As SDK exporters send spans (when they end): however the requests are cut, the early
+    failures in the end are those found on the whole trace in flight, as the counters gate them."""
+    policies, watch = POLICY_SETS[which], WATCHES[which]
+    ordered = sorted(spans, key=lambda s: (s.end_ns, s.span_id))
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(spans) - 1)), max_size=len(spans))))
+    state = watch.state()
+    reported: set[tuple[str, str]] = set()
+    buffered: list[NormalisedSpan] = []
+    for a, b in zip([0, *cuts], [*cuts, len(spans)], strict=False):
+        buffered += ordered[a:b]
+        for span in ordered[a:b]:
+            state.add(span)
+        if watch.may_fail(state, reported):
+            _new_failures(policies, buffered, reported)
+    whole = watch.state()
+    for span in ordered:
+        whole.add(span)
+    once: set[tuple[str, str]] = set()
+    if watch.may_fail(whole, once):
+        _new_failures(policies, ordered, once)
+    # each split reports at least what one delivery does (a failure seen on part of a trace in
+    # flight stands), and counting the same spans in any split gives the same counters
+    assert once <= reported
+    assert watch.may_fail(state, set()) == watch.may_fail(whole, set())
