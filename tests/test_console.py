@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -248,3 +249,28 @@ def test_a_person_clicks_from_the_overview_to_the_offending_step_and_to_a_campai
             assert page.evaluate("window.__pwned === undefined") and not dialogs
         finally:
             browser.close()
+
+
+def test_the_demo_keeps_its_console_running_until_interrupted(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "otel_plumb", "demo", "--out", str(tmp_path / "demo"), "--keep-running"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        url = None
+        deadline = time.monotonic() + 90
+        for line in proc.stdout:
+            if line.startswith("console: http://"):
+                url = line.split()[1]
+                break
+            assert time.monotonic() < deadline, "no console URL"
+        assert url is not None, "the demo ended without a console URL"
+        with urllib.request.urlopen(url + "violations", timeout=10) as r:
+            page = r.read().decode()
+        assert r.status == 200 and "critical" in page
+        status, listed = get(url.rstrip("/"), "/api/v1/trajectories", status="violating")
+        assert status == 200 and listed["items"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0

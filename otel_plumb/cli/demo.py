@@ -12,8 +12,10 @@ import click
               help="Where the report and the verdict log are written.")
 @click.option("--rounds", type=click.IntRange(1, 100), default=1, show_default=True,
               help="How many times the agent works through its invoices.")
-def demo(out_dir: str, rounds: int) -> None:
+@click.option("--keep-running", is_flag=True,
+              help="Keep the console over the demo's trajectory store up (until Ctrl-C).")
+def demo(out_dir: str, rounds: int, keep_running: bool) -> None:
     """Start the processor, run an accounts-payable agent against it (some runs faulty), print live verdicts."""
     from otel_plumb.demo.run import main
 
-    main(Path(out_dir), rounds)
+    main(Path(out_dir), rounds, keep_running)

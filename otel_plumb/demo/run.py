@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import tempfile
 import time
 import urllib.request
@@ -29,6 +30,8 @@ from otel_plumb.report.coverage import coverage_report
 from otel_plumb.report.json_report import build_report, report_body
 
 SERVICE = "ap-service"
+STORE = "store.sqlite"
+CONSOLE_PORT = 8080
 
 
 def policy_path() -> Path:
@@ -67,6 +70,8 @@ async def run_demo(out_dir: Path, say: Callable[[str], None] = print, rounds: in
             "assembly": {"idle_timeout": 0.5},
             "exporters": {"otlp": {"endpoint": backend.endpoint, "state_dir": state.name}},
             "verdict_log": {"path": str(out_dir / "verdicts.jsonl")},
+            # What the console shows: every demo run adds its trajectories.
+            "store": {"path": str(out_dir / STORE)},
             "shutdown": {"grace_period": 5},
         },
     )
@@ -134,11 +139,45 @@ async def run_demo(out_dir: Path, say: Callable[[str], None] = print, rounds: in
     return report
 
 
+async def serve_console(store: Path, say: Callable[[str], None] = print, keep_running: bool = False,
+                        port: int = CONSOLE_PORT) -> None:  # fmt: skip
+    """The console over the demo's store: kept up until Ctrl-C with ``keep_running``, else only
+    the command that opens it is printed."""
+    if not keep_running:
+        say(f"console: otel-plumb console --store {store}   (or run the demo with --keep-running)")
+        return
+    from aiohttp import web
+
+    from otel_plumb.console import console_app
+
+    runner = web.AppRunner(console_app(store), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+    except OSError:  # the usual port is taken: any free one
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+    bound = runner.addresses[0][1]
+    say(f"console: http://127.0.0.1:{bound}/  (violations: http://127.0.0.1:{bound}/violations); Ctrl-C stops it")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
 def _scrape(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as resp:
         body: bytes = resp.read()
     return body.decode()
 
 
-def main(out_dir: Path, rounds: int = 1) -> dict[str, Any]:
-    return asyncio.run(run_demo(out_dir, rounds=rounds))
+def main(out_dir: Path, rounds: int = 1, keep_running: bool = False) -> dict[str, Any]:
+    async def both() -> dict[str, Any]:
+        report = await run_demo(out_dir, rounds=rounds)
+        await serve_console(out_dir / STORE, keep_running=keep_running)
+        return report
+
+    return asyncio.run(both())
