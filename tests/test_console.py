@@ -274,3 +274,46 @@ def test_the_demo_keeps_its_console_running_until_interrupted(tmp_path: Path) ->
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
+
+
+async def test_the_console_mounted_on_a_running_processors_metrics_listener(tmp_path: Path) -> None:
+    from otel_plumb.processor import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="console shows the trajectory store"):
+        load_config(None, {"console": {}})
+    token = "console-token-0123456789"
+    cfg = config(tmp_path, policies=[str(policy_path())], store={"path": str(tmp_path / "s.sqlite")},
+                 console={"trace_url": "http://jaeger.example/trace/{trace_id}"},
+                 metrics={"auth": {"bearer_tokens": [{"token": token}]}})  # fmt: skip
+    processor = Processor(cfg)
+    decided: list[Any] = []
+    processor.on_decided(decided.append)
+    await processor.start()
+    try:
+        provider, _ = agent_provider(processor.grpc_port or 0)
+        await asyncio.to_thread(run_agent, provider)
+        await wait_until(lambda: len(decided) == len(INVOICES), 30, "every trajectory decided")
+        base = f"http://127.0.0.1:{processor.metrics_port}/console"
+
+        def fetch(path: str, with_token: bool = True) -> tuple[int, str]:
+            headers = {"Authorization": f"Bearer {token}"} if with_token else {}
+            try:
+                with urllib.request.urlopen(urllib.request.Request(base + path, headers=headers), timeout=10) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as exc:
+                return exc.code, exc.read().decode()
+
+        async def listed() -> int:
+            status, body = await asyncio.to_thread(fetch, "/api/v1/trajectories?limit=500")
+            assert status == 200
+            return len(json.loads(body)["items"])
+
+        deadline = time.monotonic() + 10  # the store's writer runs on its own thread
+        while await listed() < len(INVOICES):
+            assert time.monotonic() < deadline, "the store never held every trajectory"
+            await asyncio.sleep(0.1)
+        status, page = await asyncio.to_thread(fetch, "/violations")
+        assert status == 200 and 'href="/console/trajectories/' in page  # links stay under the mount
+        assert (await asyncio.to_thread(fetch, "/", False))[0] == 401  # the metrics listener's auth
+    finally:
+        await processor.stop()

@@ -16,10 +16,11 @@ import ipaddress
 import os
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from otel_plumb import yamlfile
 from otel_plumb.configtypes import Bytes, ConfigModel, FilePath, Seconds, parse_hostport, resolve_paths
+from otel_plumb.console.config import ConsoleConfig
 from otel_plumb.export.config import ExportersConfig, MetricsConfig, VerdictLogConfig
 from otel_plumb.receive.config import ReceiversConfig
 from otel_plumb.redact.config import RedactionConfig
@@ -75,6 +76,16 @@ class ProcessorConfig(ConfigModel):
     redaction: RedactionConfig | None = None
     # The console's trajectory store (off unless given).
     store: StoreConfig | None = None
+    # The console on the metrics listener at /console/ (needs store).
+    console: ConsoleConfig | None = None
+
+    @model_validator(mode="after")
+    def _console_needs_a_store(self) -> ProcessorConfig:
+        if self.console is not None and self.store is None:
+            raise ValueError("console shows the trajectory store: add a store section (store.path)")
+        if self.console is not None and not self.metrics.endpoint:
+            raise ValueError("console is served on the metrics listener: metrics.endpoint must not be empty")
+        return self
 
 
 def is_loopback(host: str) -> bool:

@@ -32,6 +32,7 @@ from otel_plumb.assemble import AddOutcome, AssemblyLimits, Finished, build_traj
 from otel_plumb.check import CompiledPolicy, decide, load_policies, redaction_for
 from otel_plumb.check.early import EarlyState, EarlyWatch
 from otel_plumb.configtypes import parse_hostport
+from otel_plumb.console import console_app
 from otel_plumb.export.annotate import (
     Origin,
     Payload,
@@ -67,6 +68,8 @@ from otel_plumb.tls import TLSServerConfig
 from otel_plumb.watch import VerdictHub
 
 log = logging.getLogger("otel_plumb.processor")
+# Where the console is mounted on the metrics listener (with a console section).
+CONSOLE_ROOT = "/console"
 _malformed_log = RateLimitedLog(log)
 # The metrics endpoint's connections (scrapers, probes): few, and closed when idle.
 METRICS_MAX_CONNECTIONS = 64
@@ -265,8 +268,12 @@ class Processor:
                 auto_decompress=False,  # the receiver inflates bodies itself, within the size limit
             )
         if cfg.metrics.endpoint:
+            app = metrics_app(self.metrics, lambda: self.ready, self._metrics_middlewares())
+            if cfg.console is not None and cfg.store is not None:
+                # Behind the metrics listener's TLS and auth, over the store being written.
+                app.add_subapp(CONSOLE_ROOT, console_app(cfg.store.path, cfg.console.trace_url, CONSOLE_ROOT))
             self.metrics_port = await self._serve(
-                metrics_app(self.metrics, lambda: self.ready, self._metrics_middlewares()),
+                app,
                 cfg.metrics.endpoint,
                 "metrics",
                 caps["metrics"],
