@@ -9,6 +9,19 @@ tool calls with JSON arguments, some failing), then times, chunk by chunk:
     (a ``when`` guard, an ``arg_satisfies`` and an ``expr`` over all steps).
 Prints verdicts/s, the checking/normalising ratio (target: below 1), and how many times CEL
 compiled (once per expression at load, never per trajectory).
+
+    python bench/checks.py --sweep [--repeat 3]
+
+Flat cost, stage by stage, at 10, 100, 1,000 and 5,000 steps (spans) per trace, and 1k, 10k and
+50k traces in flight, each point the median of --repeat runs, with the ratios of the largest to
+the smallest figure and of the last to the first (flat: near 1, or below where a fixed cost per
+request or per trajectory is spread over more steps):
+  - ingest with early checks: a live processor (no listeners) takes one trace in requests of 10
+    spans, the root last, under a 10-invariant policy whose early invariants never fail:
+    microseconds per span (decoding and normalising included, the same at every size);
+  - CEL: ``size(steps.filter(s, s.kind == 'tool')) > 0`` on the trajectory, per step;
+  - arg_equals from an earlier step (every other step a call it checks), per step;
+  - Assembler.due: milliseconds per tick with that many idle traces waiting for their root.
 """
 
 from __future__ import annotations
@@ -17,6 +30,7 @@ import argparse
 import gc
 import json
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -24,9 +38,9 @@ from typing import Any
 
 import cel
 
-from otel_plumb.assemble import build_trajectory
+from otel_plumb.assemble import Assembler, AssemblyLimits, build_trajectory
 from otel_plumb.check import CompiledPolicy, load_policy
-from otel_plumb.model import SpanRecord, Trajectory
+from otel_plumb.model import NormalisedSpan, SpanRecord, Trajectory
 from otel_plumb.model.span import STATUS_ERROR
 from otel_plumb.normalise import normalise
 
@@ -105,11 +119,171 @@ def spans_for(rng: random.Random, n: int) -> list[SpanRecord]:
     return out
 
 
+SWEEP_POLICY = """
+policy: sweep
+invariants:
+  - {id: must-lookup, must_call: lookup_customer}
+  - {id: never-delete, never_call: delete_account}
+  - {id: lookup-before-refund, precedes: {first: lookup_customer, then: issue_refund}}
+  - {id: check-before-refund, precedes: {first: check_policy, then: issue_refund}}
+  - {id: notify-after-refund, responds: {trigger: issue_refund, then: send_email}}
+  - {id: refund-limit, call_count: {tool: issue_refund, max: 100000}}
+  - id: refund-as-quoted
+    arg_equals: {tool: issue_refund, arg: amount, step: {tool: check_policy, result: refundable}}
+  - {id: mail-domain, arg_matches: {tool: send_email, arg: to, regex: '@example\\.com$'}}
+  - {id: budget, budget: {max_steps: 100000, max_tool_errors: 100000, max_duration_ms: 1.0e9}}
+  - {id: has-tools, expr: "size(steps.filter(s, s.kind == 'tool')) > 0"}
+"""
+SWEEP_TOOLS = (
+    ("lookup_customer", {"customer_id": "C-1"}, {"name": "Ada"}),
+    ("check_policy", {"order_id": "O-9"}, {"refundable": 42.5}),
+    ("issue_refund", {"order_id": "O-9", "amount": 42.5}, {"refund_id": "R-7"}),
+    ("send_email", {"to": "ada@example.com"}, {"sent": True}),
+)
+
+
+def _load_text(text: str) -> CompiledPolicy:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "p.yaml"
+        path.write_text(text)
+        return load_policy(path)
+
+
+def _ingest_us_per_span(n: int, policy: CompiledPolicy) -> float:
+    """A live processor taking one trace of ``n`` spans in requests of 10, root last: CPU per span."""
+    import asyncio
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from otel_plumb.processor import Processor, load_config
+
+    tid = random.randbytes(16)
+    root = random.randbytes(8)
+    requests: list[ExportTraceServiceRequest] = []
+    for first in range(1, n, 10):
+        request = ExportTraceServiceRequest()
+        ss = request.resource_spans.add().scope_spans.add()
+        for i in range(first, min(n, first + 10)):
+            tool, args, result = SWEEP_TOOLS[(i // 2) % len(SWEEP_TOOLS)]
+            span = ss.spans.add(trace_id=tid, span_id=random.randbytes(8), parent_span_id=root)
+            span.start_time_unix_nano, span.end_time_unix_nano = i * 1000, i * 1000 + 900
+            if i % 2:
+                span.name = "chat m"
+                span.attributes.add(key="gen_ai.operation.name").value.string_value = "chat"
+                span.attributes.add(key="gen_ai.usage.input_tokens").value.int_value = 10
+                continue
+            span.name = f"execute_tool {tool}"
+            for key, value in (("gen_ai.operation.name", "execute_tool"), ("gen_ai.tool.name", tool),
+                               ("gen_ai.tool.call.arguments", json.dumps(args)),
+                               ("gen_ai.tool.call.result", json.dumps(result))):  # fmt: skip
+                span.attributes.add(key=key).value.string_value = value
+        requests.append(request)
+    last = ExportTraceServiceRequest()
+    span = last.resource_spans.add().scope_spans.add().spans.add(trace_id=tid, span_id=root, name="invoke_agent a")
+    span.start_time_unix_nano, span.end_time_unix_nano = 0, n * 1000 + 1000
+    span.attributes.add(key="gen_ai.operation.name").value.string_value = "invoke_agent"
+    requests.append(last)
+
+    async def run() -> float:
+        config = load_config(None, {
+            "receivers": {"grpc": {"enabled": False}, "http": {"enabled": False}},
+            "metrics": {"endpoint": ""}, "assembly": {"idle_timeout": 60, "max_spans_per_trace": 20_000},
+        })  # fmt: skip
+        processor = Processor(config, [policy])
+        await processor.start()
+        try:
+            t0 = time.process_time()
+            for request in requests:
+                await processor.ingest(request, "bench")
+            return (time.process_time() - t0) / n * 1e6
+        finally:
+            await processor.stop()
+
+    return asyncio.run(run())
+
+
+def _trajectory(n: int) -> Trajectory:
+    spans = [NormalisedSpan(trace_id="t", span_id="r", parent_span_id=None, span_name="a", start_ns=0,
+                            end_ns=n * 1000 + 1000, kind="agent", name="a", convention="bench")]  # fmt: skip
+    for i in range(1, n):
+        tool, args, result = SWEEP_TOOLS[1 + i % 2]  # check_policy, issue_refund, in turn
+        spans.append(NormalisedSpan(
+            trace_id="t", span_id=f"s{i}", parent_span_id="r", span_name=tool, start_ns=i * 1000,
+            end_ns=i * 1000 + 900, kind="tool", name=tool, convention="bench", args=args, args_status="captured",
+            result=result, result_status="captured",
+        ))  # fmt: skip
+    return build_trajectory("t", spans)
+
+
+def _evaluate_us_per_step(policy: CompiledPolicy, trajectory: Trajectory) -> float:
+    t0 = time.process_time()
+    policy.evaluate(trajectory)
+    return (time.process_time() - t0) / len(trajectory.steps) * 1e6
+
+
+def _tick_ms(traces: int) -> float:
+    """Assembler.due with ``traces`` idle traces waiting for their root: the median of 20 ticks
+    (after the first, which looks at each of them once)."""
+    limits = AssemblyLimits(idle_timeout_s=1.0, max_wait_s=1e9, max_traces=traces + 1)
+    asm = Assembler(limits)
+    for t in range(traces):
+        for i in range(10):  # two top spans: waits for the root, whatever the timeout
+            span = NormalisedSpan(trace_id=f"t{t}", span_id=f"s{i}", parent_span_id=f"p{i % 2}", span_name="x",
+                                  start_ns=i, end_ns=i + 1, kind="other", name="x", convention="bench")  # fmt: skip
+            asm.add(span, None, 0.0)
+    asm.due(2.0)
+    ticks = []
+    for k in range(20):
+        t0 = time.perf_counter()
+        asm.due(3.0 + k)
+        ticks.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ticks)
+
+
+def sweep(repeat: int) -> None:
+    policy = _load_text(SWEEP_POLICY)
+    cel_only = _load_text(
+        "policy: c\ninvariants:\n  - {id: has-tools, expr: \"size(steps.filter(s, s.kind == 'tool')) > 0\"}\n"
+    )
+    arg_only = _load_text(
+        "policy: a\ninvariants:\n  - id: q\n    arg_equals: {tool: issue_refund, arg: amount, "
+        "step: {tool: check_policy, result: refundable}}\n"
+    )
+
+    def median(fn: Any) -> float:
+        return statistics.median(fn() for _ in range(repeat))
+
+    rows: list[tuple[str, str, list[tuple[int, float]]]] = []
+    sizes = (10, 100, 1000, 5000)
+    gc.disable()
+    try:
+        rows.append(("ingest with early checks", "us/span",
+                     [(n, median(lambda n=n: _ingest_us_per_span(n, policy))) for n in sizes]))  # fmt: skip
+        trajectories = {n: _trajectory(n) for n in sizes}
+        for name, only in (("CEL steps.filter", cel_only), ("arg_equals from a step", arg_only)):
+            points = [(n, median(lambda n=n, p=only: _evaluate_us_per_step(p, trajectories[n]))) for n in sizes]
+            rows.append((name, "us/step", points))
+    finally:
+        gc.enable()
+    rows.append(("Assembler tick", "ms/tick", [(n, median(lambda n=n: _tick_ms(n))) for n in (1000, 10_000, 50_000)]))
+    print(f"median of {repeat} run(s) per point")
+    for name, unit, points in rows:
+        figures = "  ".join(f"{n:>6,}: {v:9.3f}" for n, v in points)
+        values = [v for _, v in points]
+        print(f"{name:<26} {unit:<8} {figures}   largest/smallest {max(values) / min(values):6.2f}x, "
+              f"last/first {values[-1] / values[0]:6.2f}x")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trajectories", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--sweep", action="store_true", help="the flat-cost sweep (see above) instead")
+    ap.add_argument("--repeat", type=int, default=3, help="--sweep: runs per point, the median printed")
     opts = ap.parse_args()
+    if opts.sweep:
+        sweep(opts.repeat)
+        return
     n_total, seed = opts.trajectories, opts.seed
 
     compiles = 0

@@ -6,10 +6,24 @@ decision latency beyond idle_timeout, and the processor's peak RSS.
     python bench/live.py --requests 1000       # more load
     python bench/live.py --soak 120            # then a 2-minute soak at a fixed rate, RSS over time
 
-The load generator sends pre-built ExportTraceServiceRequests (550 spans: 50 complete traces of
-11 OTel GenAI spans) with several requests in flight over one gRPC channel, retrying throttled
-requests after the server's RetryInfo. The processor and the no-op receiver each run in their
-own process; the load generator and the sink share this one.
+    python bench/live.py --realistic                       # the SDK's delivery shape (below)
+    python bench/live.py --realistic --sweep spans         # 10, 100, 1,000, 5,000 spans per trace
+    python bench/live.py --realistic --sweep traces        # 1k, 10k, 50k traces in flight
+    python bench/live.py --realistic --sweep payload       # 0, 1 KB, 100 KB per model call
+    python bench/live.py --realistic --sweep spans --repeat 3   # the median of three runs per point
+
+The load generator sends pre-built ExportTraceServiceRequests with several requests in flight
+over one gRPC channel, retrying throttled requests after the server's RetryInfo. The processor
+and the no-op receiver each run in their own process; the load generator and the sink share
+this one. Today's mode: 550-span requests of 50 complete traces of 11 OTel GenAI spans, roots
+in the same request (early checks never run). Realistic mode, as an SDK BatchSpanProcessor
+sends: requests of up to 512 spans across the traces in flight, each span when it ends (so a
+trace's root, which ends last, comes in a later request than its other spans), 20% of the spans
+HTTP and database client spans no convention reads, and ``--payload`` bytes of message content
+on each model call. A sweep prints, per point, spans/s end to end, the processor's CPU
+microseconds per span, the ratio to the no-op receiver on the same requests (measured in the
+same run), the processor's peak RSS per span buffered at once, and the ratio of the largest to
+the smallest CPU per span (flat cost: near 1).
 """
 
 from __future__ import annotations
@@ -19,6 +33,7 @@ import asyncio
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,6 +78,108 @@ TOOLS = (
     ("close_ticket", {"ticket": "T-3"}, {"closed": True}),
 )
 SPANS_PER_TRACE = 1 + 2 * len(TOOLS)  # the root, and a model call before each tool call
+
+
+REALISTIC_BATCH = 512  # the SDK BatchSpanProcessor's max_export_batch_size
+SWEEPS = {
+    "spans": [10, 100, 1000, 5000],  # spans per trace
+    "traces": [1000, 10_000, 50_000],  # traces in flight
+    "payload": [0, 1024, 100 * 1024],  # bytes of message content per model call
+}
+
+
+def realistic_requests(
+    traces: int, per_trace: int, in_flight: int, payload: int, seed: int = 0
+) -> list[tuple[bytes, list[bytes]]]:
+    """``traces`` traces of ``per_trace`` spans, ``in_flight`` at a time, as a BatchSpanProcessor
+    sends them: in the order the spans end (a turn at a time across the traces running), cut
+    into requests of REALISTIC_BATCH spans; the roots end last, so they go in later requests.
+    Returns each request serialised with the trace ids whose roots it carries."""
+    out: list[tuple[bytes, list[bytes]]] = []
+    content = json.dumps([{"role": "user", "parts": [{"type": "text", "content": "x" * payload}]}]) if payload else ""
+    t0 = 1_700_000_000_000_000_000
+    rng_ids = iter(range(seed * 10**9, 10**18))
+
+    def ident(n: int) -> bytes:
+        return next(rng_ids).to_bytes(n, "big")
+
+    class Batch:
+        def __init__(self) -> None:
+            self.request = ExportTraceServiceRequest()
+            rs = self.request.resource_spans.add()
+            rs.resource.attributes.add(key="service.name").value.string_value = "support-agent"
+            self.spans = rs.scope_spans.add()
+            self.spans.scope.name = "bench"
+            self.roots: list[bytes] = []
+            self.count = 0
+
+    batch = Batch()
+
+    def flush() -> None:
+        nonlocal batch
+        if batch.count:
+            out.append((batch.request.SerializeToString(), batch.roots))
+        batch = Batch()
+
+    def add(tid: bytes, sid: bytes, parent: bytes | None, name: str, start: int, end: int) -> Span:
+        if batch.count >= REALISTIC_BATCH:
+            flush()
+        batch.count += 1
+        span = batch.spans.spans.add(trace_id=tid, span_id=sid, name=name)
+        if parent is not None:
+            span.parent_span_id = parent
+        span.start_time_unix_nano, span.end_time_unix_nano = start, end
+        return span
+
+    for wave_start in range(0, traces, in_flight):
+        wave = range(wave_start, min(traces, wave_start + in_flight))
+        ids = {t: (ident(16), ident(8)) for t in wave}
+        last_tool: dict[int, bytes] = {}
+        for i in range(1, per_trace):  # span i of every trace running, as they end
+            start, end = t0 + i * 1000, t0 + i * 1000 + 900
+            for t in wave:
+                tid, root = ids[t]
+                if i % 5 == 0:  # a fifth: HTTP or database client spans, under the last tool call
+                    http = i % 10 == 0
+                    span = add(tid, ident(8), last_tool.get(t, root), "GET /orders" if http else "SELECT orders",
+                               start, end)  # fmt: skip
+                    span.kind = Span.SPAN_KIND_CLIENT
+                    for key, value in (
+                        (("http.request.method", "GET"), ("url.full", "https://orders.internal/orders/9"))
+                        if http else (("db.system", "postgresql"), ("db.statement", "SELECT * FROM orders WHERE id=$1"))
+                    ):  # fmt: skip
+                        span.attributes.add(key=key).value.string_value = value
+                elif i % 2:
+                    span = add(tid, ident(8), root, "chat m", start, end)
+                    for key, value in (("gen_ai.operation.name", "chat"), ("gen_ai.request.model", "m")):
+                        span.attributes.add(key=key).value.string_value = value
+                    span.attributes.add(key="gen_ai.usage.input_tokens").value.int_value = 100
+                    if content:
+                        span.attributes.add(key="gen_ai.input.messages").value.string_value = content
+                else:
+                    tool, tool_args, result = TOOLS[(i // 2) % len(TOOLS)]
+                    elsewhere = tool == "send_email" and t % 10 == 0  # a violation to report
+                    args = {**tool_args, "to": "ada@elsewhere.org"} if elsewhere else tool_args
+                    sid = ident(8)
+                    last_tool[t] = sid
+                    span = add(tid, sid, root, f"execute_tool {tool}", start, end)
+                    for key, value in (
+                        ("gen_ai.operation.name", "execute_tool"),
+                        ("gen_ai.tool.name", tool),
+                        ("gen_ai.tool.call.id", f"call_{t}_{i}"),
+                        ("gen_ai.tool.call.arguments", json.dumps(args)),
+                        ("gen_ai.tool.call.result", json.dumps(result)),
+                    ):
+                        span.attributes.add(key=key).value.string_value = value
+        flush()  # the roots end last: in a later request than the rest of their traces
+        for t in wave:
+            tid, root = ids[t]
+            span = add(tid, root, None, "invoke_agent support", t0, t0 + per_trace * 1000 + 1000)
+            batch.roots.append(tid)
+            for key, value in (("gen_ai.operation.name", "invoke_agent"), ("gen_ai.agent.name", "support")):
+                span.attributes.add(key=key).value.string_value = value
+        flush()
+    return out
 
 
 def build_request(n: int) -> tuple[bytes, list[bytes]]:
@@ -298,6 +415,113 @@ async def main(args: argparse.Namespace) -> None:
             await sink.server.stop(None)
 
 
+def count_spans(requests: list[tuple[bytes, list[bytes]]]) -> int:
+    return sum(
+        len(ss.spans)
+        for body, _ in requests
+        for rs in ExportTraceServiceRequest.FromString(body).resource_spans
+        for ss in rs.scope_spans
+    )
+
+
+async def run_point(
+    requests: list[tuple[bytes, list[bytes]]], total: int, buffered_max: int, args: argparse.Namespace
+) -> dict[str, float]:
+    """One measurement: the no-op receiver on ``requests``, then the processor (annotate export to
+    a sink) on the same; spans/s end to end, the processor's CPU per span, its peak RSS over its
+    RSS once ready, per span buffered at most at once (``buffered_max``)."""
+    noop, m = start_process([sys.executable, __file__, "--role", "noop"], r"noop listening on (\d+)")
+    try:
+        noop_s, _, _ = await send_all(int(m.group(1)), requests, args.concurrency)
+    finally:
+        noop.communicate("", timeout=10)
+    sink = Sink()
+    sink_port = await sink.start()
+    tmp = Path(tempfile.mkdtemp(prefix="otel-plumb-bench-"))
+    (tmp / "policy.yaml").write_text(POLICY)
+    (tmp / "config.yaml").write_text(
+        "receivers: {max_message_mib: 256, max_buffered_spans: 10000000}\n"
+        f"assembly: {{idle_timeout: {IDLE_TIMEOUT}, tick: 50ms, max_traces: 200000, max_spans_per_trace: 20000, "
+        "max_buffered_bytes: 16GiB}\n"
+        f"exporters: {{otlp: {{endpoint: 'grpc://127.0.0.1:{sink_port}', state_dir: '{tmp / 'state'}', "
+        "queue: {max_spans: 10000000, max_bytes: 16GiB}}}\n"
+        "logging: {level: warning}\n"
+    )
+    grpc_port, metrics_port = free_port(), free_port()
+    cmd = [sys.executable, "-m", "otel_plumb", "run", "--config", str(tmp / "config.yaml"),
+           "--policy", str(tmp / "policy.yaml"), "--grpc", f"127.0.0.1:{grpc_port}", "--http", "127.0.0.1:0",
+           "--metrics", f"127.0.0.1:{metrics_port}"]  # fmt: skip
+    proc = subprocess.Popen(cmd)
+    try:
+        await asyncio.to_thread(wait_ready, metrics_port, 60)
+        ready_kib = rss_kib(proc.pid)
+        start = time.monotonic()
+        proc_cpu = cpu_seconds(proc.pid)
+        _, acked, throttles = await send_all(grpc_port, requests, args.concurrency)
+        deadline = time.monotonic() + 600
+        while sink.spans < total and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        e2e_s = time.monotonic() - start
+        proc_cpu = cpu_seconds(proc.pid) - proc_cpu
+        latencies = [sink.root_arrival[t] - acked[t] - IDLE_TIMEOUT for t in acked if t in sink.root_arrival]
+        peak_kib = rss_kib(proc.pid, "VmHWM")
+    finally:
+        proc.terminate()
+        await asyncio.to_thread(proc.wait, 60)
+        if sink.server is not None:
+            await sink.server.stop(None)
+    return {
+        "rate": total / e2e_s, "noop": total / noop_s, "cpu_us": proc_cpu / total * 1e6, "at_sink": sink.spans,
+        "p99": p99(latencies), "throttles": throttles, "peak_mib": peak_kib / 1024,
+        "bytes_per_buffered": (peak_kib - ready_kib) * 1024 / max(1, buffered_max),
+    }  # fmt: skip
+
+
+def realistic_shape(point: str | None, value: int, args: argparse.Namespace) -> tuple[int, int, int, int]:
+    """(traces, spans per trace, traces in flight, payload) for a sweep point (or the flags)."""
+    per_trace, in_flight, payload = args.spans_per_trace, args.traces_in_flight, args.payload
+    if point == "spans":
+        # Enough traces at once that requests are full (512 spans across them), at least 8.
+        per_trace, in_flight = value, max(8, -(-2 * REALISTIC_BATCH // value))
+    elif point == "traces":
+        per_trace, in_flight = 11, value
+    elif point == "payload":
+        payload = value
+    total = args.spans
+    if point == "payload" and payload:
+        total = min(total, (256 << 20) // payload)  # a few hundred MB of content per run at most
+    traces = max(in_flight, total // per_trace)
+    return traces, per_trace, in_flight, payload
+
+
+async def realistic_main(args: argparse.Namespace) -> None:
+    points: list[tuple[str | None, int]] = [(args.sweep, v) for v in SWEEPS[args.sweep]] if args.sweep else [(None, 0)]
+    print(f"realistic delivery: requests of up to {REALISTIC_BATCH} spans across the traces in flight, roots in a "
+          f"later request, 20% HTTP/DB spans; policy of 10 invariants (one CEL), annotate export to a sink; "
+          f"median of {args.repeat} run(s) per point", flush=True)  # fmt: skip
+    header = (f"{'point':>22} {'spans':>9} {'spans/s':>9} {'CPU us/span':>12} {'no-op spans/s':>14} "
+              f"{'ratio':>6} {'p99 s':>6} {'peak MiB':>9} {'B/buffered span':>16}")  # fmt: skip
+    print(header)
+    cpu_by_point: list[float] = []
+    for point, value in points:
+        traces, per_trace, in_flight, payload = realistic_shape(point, value, args)
+        requests = realistic_requests(traces, per_trace, in_flight, payload)
+        total = count_spans(requests)
+        runs = [await run_point(requests, total, in_flight * (per_trace - 1), args) for _ in range(args.repeat)]
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        cpu_by_point.append(med["cpu_us"])
+        label = {"spans": f"{value} spans/trace", "traces": f"{value:,} in flight", "payload": f"{value:,} B payload",
+                 None: f"{per_trace}x{in_flight:,}/{payload} B"}[point]  # fmt: skip
+        print(f"{label:>22} {total:>9,} {med['rate']:>9,.0f} {med['cpu_us']:>12.1f} {med['noop']:>14,.0f} "
+              f"{med['rate'] / med['noop']:>6.1%} {med['p99']:>6.2f} {med['peak_mib']:>9,.0f} "
+              f"{med['bytes_per_buffered']:>16,.0f}", flush=True)  # fmt: skip
+        if med["at_sink"] < total:
+            print(f"  note: {med['at_sink']:,.0f} of {total:,} spans reached the sink")
+    if len(cpu_by_point) > 1:
+        print(f"CPU per span, largest / smallest over the sweep: {max(cpu_by_point) / min(cpu_by_point):.2f}x; "
+              f"last / first: {cpu_by_point[-1] / cpu_by_point[0]:.2f}x (target for spans and traces: <= 1.5x)")
+
+
 async def paced(
     port: int, pid: int, seconds: float, rate: float, sink: Sink, rss_every: float | None = None
 ) -> list[float]:
@@ -380,6 +604,16 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight")
     parser.add_argument("--soak", type=float, default=0, help="then soak for this many seconds, printing RSS")
     parser.add_argument("--soak-rate", type=float, default=0, help="soak spans/s (default: half the measured rate)")
+    parser.add_argument("--realistic", action="store_true", help="the SDK's delivery shape (see above)")
+    parser.add_argument("--sweep", choices=sorted(SWEEPS), help="realistic mode at each point of one dimension")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per point; the median is printed")
+    parser.add_argument("--spans", type=int, default=60_000, help="realistic mode: spans per run, about")
+    parser.add_argument("--spans-per-trace", type=int, default=21, help="realistic mode: spans per trace")
+    parser.add_argument("--traces-in-flight", type=int, default=1000, help="realistic mode: traces at once")
+    parser.add_argument("--payload", type=int, default=1024, help="realistic mode: content bytes per model call")
     parser.add_argument("--role", choices=["bench", "noop"], default="bench", help=argparse.SUPPRESS)
     ns = parser.parse_args()
-    asyncio.run(noop_server() if ns.role == "noop" else main(ns))
+    if ns.role == "noop":
+        asyncio.run(noop_server())
+    else:
+        asyncio.run(realistic_main(ns) if ns.realistic or ns.sweep else main(ns))
