@@ -55,7 +55,7 @@ async def run(request):
     message.CopyFrom(TEMPLATE)
     for span in message.resource_spans[0].scope_spans[0].spans:
         span.trace_id = trace_id
-    async with _session.post(request["otlp_endpoint"] + "/v1/traces", data=message.SerializeToString(),
+    async with _session.post(request["otlp_http_endpoint"] + "/v1/traces", data=message.SerializeToString(),
                              headers={"Content-Type": "application/x-protobuf"}) as resp:
         await resp.read()
     return {"output": "paid", "state": {"action": "pay", "paid_gbp": 4500.0}}
@@ -123,7 +123,7 @@ async def harness(trials: int, folder: Path) -> None:
         for i in range(posts):
             for span in body.resource_spans[0].scope_spans[0].spans:
                 span.trace_id = i.to_bytes(16, "big")
-            async with session.post(f"{receiver.otlp_endpoint}/v1/traces", data=body.SerializeToString(),
+            async with session.post(f"{receiver.endpoints.http}/v1/traces", data=body.SerializeToString(),
                                     headers={"Content-Type": "application/x-protobuf"}) as resp:
                 await resp.read()
         agent_cpu = (time.process_time() - agent_cpu) / posts

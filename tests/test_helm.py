@@ -16,6 +16,7 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -407,3 +408,36 @@ async def test_the_chart_serves_tls_by_default_with_a_certificate_clients_can_ve
             await asyncio.sleep(0.05)
     finally:
         await processor.stop()
+
+
+def test_alerts_and_dashboard_link_to_console_pages() -> None:
+    """Alerts carry a `console` annotation at the chart's console.baseUrl; dashboard panels link
+    to console pages through the console_url variable; every linked page is a console route."""
+    (rule,) = by_kind(render(EXAMPLES / "gateway-values.yaml", "--set", "console.baseUrl=https://plumb.example/"))[
+        "PrometheusRule"
+    ]
+    consoles = {r["alert"]: r["annotations"]["console"] for g in rule["spec"]["groups"] for r in g["rules"]
+                if "console" in r.get("annotations", {})}  # fmt: skip
+    assert set(consoles) == {
+        "PlumbConformanceBelowObjective", "PlumbIndeterminateShareRising", "PlumbCriticalViolation"
+    }  # fmt: skip
+    assert all(url.startswith("https://plumb.example/") and "127.0.0.1" not in url for url in consoles.values())
+
+    from otel_plumb.console.app import console_app
+
+    routes = set()
+    board = json.loads((ROOT / "configs" / "grafana" / "otel-plumb-dashboard.json").read_text())
+    assert "console_url" in {v["name"] for v in board["templating"]["list"]}
+    defaults = [p.get("fieldConfig", {}).get("defaults", {}) for p in board["panels"]]
+    links = [link["url"] for d in defaults for link in d.get("links", [])]
+    assert len(links) >= 3 and all(url.startswith("${console_url}/") for url in links)
+    for url in [*links, *consoles.values()]:
+        routes.add(urllib.parse.urlsplit(url.replace("${console_url}", "http://x")).path)
+    import sqlite3
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sqlite3.connect(Path(tmp) / "s.sqlite").close()
+        app = console_app(Path(tmp) / "s.sqlite")
+        known = {r.resource.canonical for r in app.router.routes() if r.resource is not None}
+    assert routes <= known, routes - known
