@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "demo": "otel_plumb.cli.demo:demo",
     "decision": "otel_plumb.cli.decision:decision",
     "campaign": "otel_plumb.cli.campaign:campaign",
+    "suggest": "otel_plumb.cli.suggest:suggest",
     "console": "otel_plumb.cli.console:console",
 }
 

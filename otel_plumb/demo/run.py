@@ -25,6 +25,7 @@ from otel_plumb.demo.agent import INVOICES, run_all
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.model import Decided
 from otel_plumb.processor import Processor, load_config
+from otel_plumb.receive.otlp_json import request_to_json
 from otel_plumb.report import html
 from otel_plumb.report.coverage import coverage_report
 from otel_plumb.report.json_report import build_report, report_body
@@ -134,7 +135,12 @@ async def run_demo(out_dir: Path, say: Callable[[str], None] = print, rounds: in
     report = build_report(report_body(policies, decisions), coverage_report([d.trajectory for d in decisions]))
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
     (out_dir / "report.html").write_text(html.render(report, title="otel-plumb demo"), encoding="utf-8")
+    # What the backend stored, as the Collector's file exporter writes it: input for replay and suggest.
+    with (out_dir / "traces.jsonl").open("w", encoding="utf-8") as f:
+        for request in backend.requests:
+            f.write(json.dumps(request_to_json(request), separators=(",", ":")) + "\n")
     say(f"report: {out_dir / 'report.json'} and {out_dir / 'report.html'}")
+    say(f"traces (as the backend received them): {out_dir / 'traces.jsonl'}")
     say(f"verdict log: {out_dir / 'verdicts.jsonl'}")
     return report
 

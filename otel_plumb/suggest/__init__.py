@@ -1,0 +1,195 @@
+"""Mining candidate invariants from trajectories (``otel-plumb suggest``). Pure: no I/O.
+
+The trajectories are assumed mostly good. Every candidate is an invariant in the policy
+language with its **support**: ``held`` of the ``applied`` trajectories (where the check would
+not have been ``not_applicable`` or ``indeterminate``), the first counter-examples (trace ids),
+and the Wilson 95% lower bound of the rate. A candidate is proposed when its support *rate* is at
+least ``min_support`` over at least ``min_applied`` trajectories: the rate is a statement about
+the data ("held in 95% of runs") that does not move with the sample size, and the Wilson bound
+beside it says how far to trust it (``min_bound`` filters on it too).
+
+Algorithm: one pass, streaming, per task group (all trajectories, or one group per agent or per
+value of a task attribute). Complete trajectories only: an incomplete one cannot say that
+something held. Per trajectory of L steps and k distinct successful tools, in a group that has
+seen G distinct tools (G <= ``max_tools``):
+
+- per tool: trajectories with a successful call, a histogram of successful-call counts
+  (``must_call``, ``call_count``);
+- per ordered pair (a, b) of tools both called: first(a) < first(b) (``precedes a -> b``),
+  last(b) > last(a) (``responds a -> b``), last(b) > first(a) (``never_call b`` after ``a`` broken):
+  O(k^2); a pair with one side missing is a counter-example of precedes/responds, O(k * G);
+- budgets: steps, tool calls, model calls, tool errors, tokens and duration, each in a
+  histogram of two-significant-digit buckets, so the bound chosen is a bucket edge and its
+  support is exact;
+- arguments: discovered in the first ``warmup`` trajectories (buffered: bounded): scalar
+  fields of captured arguments (``max_leaves`` per call); for each, the dataflow sources it
+  equalled at least once (an index from a value's canonical form, ``check.values.canonical``, to
+  the argument and result fields of the latest call of each tool holding it; ``max_sources``
+  kept). Then every trajectory is counted: each dataflow source with the check's own typed
+  comparison (``check.values.equal``) against the latest earlier successful call; the shape of
+  each text value (``formats``: at most ``max_shapes`` shapes kept); per trajectory the smallest
+  and largest numeric value (bucketed). O(L * arguments * sources).
+
+Time O(N * (L + k^2 + k * G + L * A)) for N trajectories (A: argument candidates per call),
+memory O(G^2 + budget buckets + argument candidates * shapes + warmup * L), independent of N
+(counter-examples are capped at ``examples`` per candidate). A relation that first shows after
+the warm-up, or a tool past ``max_tools``, is not proposed.
+
+Candidates implied by others are dropped (``candidates.prune``), testing the weakest first and
+only against kept candidates whose support rate is at least its own, so that deleting a less
+supported rule in review never loses a better supported one it stood for. The rules (each a
+logical implication under the check's semantics):
+
+- ``precedes a -> c`` by a path of kept ``precedes`` a -> b -> ... -> c (transitive);
+- ``responds a -> c`` by a path of kept ``responds``; or by ``precedes a -> b`` (a path),
+  ``call_count a`` at most 1 and ``must_call b``; or by ``must_call b`` and ``never_call a``
+  after ``b``;
+- ``never_call b`` after ``a`` by ``call_count b`` at most 1 and ``precedes b -> a``; or by
+  ``never_call b`` after ``c`` and ``precedes c -> a``;
+- ``call_count t`` (max only) by a ``budget max_tool_calls`` no larger; a budget limit by a no
+  larger limit on a count that includes it (tool calls and model calls are steps, tool errors
+  tool calls);
+- dataflow ``T.arg = X.field`` by ``T.arg = Y.f`` with ``X.field = Y.f`` and ``Y`` called at
+  most once (typed equality is transitive); one ``call_count`` per tool by construction (the
+  smallest max from 1, the largest min from 2: min 1 is ``must_call``).
+
+``must_call``, formats and numeric ranges are never dropped: ``precedes a -> b`` with
+``must_call b`` implies ``must_call a``, but a reviewer who deletes an order rule should not
+lose the call it implied. ``never_call b`` with scope ``before: a`` is ``precedes a -> b``, so it
+is not proposed separately. A dataflow whose value never varied is not proposed (two constants
+cannot be told from a flow).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from otel_plumb.model import Trajectory
+from otel_plumb.suggest.candidates import Candidate, build, prune, slug
+from otel_plumb.suggest.mine import GroupCounts, Limits
+
+GroupBy = Literal["none", "agent", "attribute"]
+
+__all__ = ["Candidate", "Group", "Limits", "Miner", "Options", "Suggestion", "mine"]
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    min_support: float = 0.95
+    min_applied: int = 5
+    # Candidates whose Wilson lower bound is below this are left out too.
+    min_bound: float = 0.0
+    group_by: GroupBy = "none"
+    attribute: str | None = None
+    # Groups beyond this many are not mined (their trajectories are counted as ungrouped).
+    max_groups: int = 32
+
+
+@dataclass(slots=True)
+class Group:
+    """The candidates of one task group. ``value`` is the agent or attribute value (None: all)."""
+
+    value: Any
+    guard: str | None
+    trajectories: int
+    kept: list[Candidate]
+    implied: list[Candidate]
+    ignored_tools: list[str]
+
+    @property
+    def label(self) -> str:
+        return "all" if self.value is None else str(self.value)
+
+
+@dataclass(slots=True)
+class Suggestion:
+    options: Options
+    groups: list[Group]
+    trajectories: int = 0
+    incomplete: int = 0
+    ungrouped: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+class Miner:
+    """Feed trajectories with ``add`` (streaming), then ``finish``."""
+
+    def __init__(self, options: Options | None = None, limits: Limits | None = None) -> None:
+        options = options or Options()
+        if options.group_by == "attribute" and not options.attribute:
+            raise ValueError("grouping by a task attribute needs the attribute's name")
+        self.options, self.limits = options, limits or Limits()
+        self.groups: dict[Any, GroupCounts] = {}
+        self.seen = self.incomplete = self.ungrouped = 0
+
+    def _group(self, t: Trajectory) -> Any:
+        o = self.options
+        if o.group_by == "agent":
+            return t.agent
+        if o.group_by == "attribute":
+            assert o.attribute is not None
+            value = t.attributes.get(o.attribute)
+            return value if isinstance(value, str | int | float | bool) else None
+        return ""
+
+    def add(self, t: Trajectory) -> None:
+        self.seen += 1
+        if not t.complete:
+            self.incomplete += 1
+            return
+        value = self._group(t)
+        if value is None:
+            self.ungrouped += 1
+            return
+        counts = self.groups.get(value)
+        if counts is None:
+            if len(self.groups) >= self.options.max_groups:
+                self.ungrouped += 1
+                return
+            counts = self.groups[value] = GroupCounts(self.limits)
+        counts.add(t)
+
+    def finish(self) -> Suggestion:
+        o = self.options
+        groups = []
+        prefixes: set[str] = set()
+        for value, counts in self.groups.items():
+            counts.end_warmup()
+            found = [c for c in build(counts, o.min_support, o.min_applied) if c.lower_bound >= o.min_bound]
+            kept, implied = prune(found)
+            guarded = o.group_by != "none"
+            if guarded:
+                prefix, n = slug(str(value)), 2
+                while prefix in prefixes:
+                    prefix, n = f"{slug(str(value))}-{n}", n + 1
+                prefixes.add(prefix)
+                for c in found:
+                    c.id = f"{prefix}.{c.id}"
+                for c in implied:
+                    c.implied_by = [f"{prefix}.{x}" for x in c.implied_by]
+            guard = _guard(o, value) if guarded else None
+            groups.append(Group(None if not guarded else value, guard, counts.n, kept, implied,
+                                sorted(counts.ignored_tools)))  # fmt: skip
+        return Suggestion(o, groups, self.seen, self.incomplete, self.ungrouped)
+
+
+def _guard(o: Options, value: Any) -> str:
+    """A CEL ``when`` guard selecting the group's trajectories."""
+    literal = json.dumps(value, ensure_ascii=False)
+    if o.group_by == "agent":
+        return f"trajectory.agent == {literal}"
+    name = json.dumps(o.attribute, ensure_ascii=False)
+    return f"{name} in trajectory.attributes && trajectory.attributes[{name}] == {literal}"
+
+
+def mine(
+    trajectories: Iterable[Trajectory], options: Options | None = None, limits: Limits | None = None
+) -> Suggestion:
+    """Mine an iterable of trajectories."""
+    miner = Miner(options, limits)
+    for t in trajectories:
+        miner.add(t)
+    return miner.finish()

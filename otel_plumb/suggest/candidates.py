@@ -1,0 +1,434 @@
+"""Candidates from a group's counts, and the implication rules that drop the redundant ones."""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_plumb.stats import wilson_interval
+from otel_plumb.suggest import formats
+from otel_plumb.suggest.mine import OVERFLOW, GroupCounts, Histogram, Source, Target
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One proposed invariant. ``check`` is its check (and scope) in the policy language;
+    ``key`` is what the implication rules read. Support: ``held`` of ``applied`` trajectories."""
+
+    id: str
+    key: tuple[Any, ...]
+    check: dict[str, Any]
+    applied: int
+    held: int
+    examples: list[str]
+    text: str
+    implied_by: list[str] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return str(self.key[0])
+
+    @property
+    def rate(self) -> float:
+        return self.held / self.applied if self.applied else 0.0
+
+    @property
+    def lower_bound(self) -> float:
+        return wilson_interval(self.held, self.applied)[0]
+
+    @property
+    def failed(self) -> int:
+        return self.applied - self.held
+
+
+_SLUG = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def slug(text: str) -> str:
+    return _SLUG.sub("-", text).strip("-") or "x"
+
+
+class _Builder:
+    def __init__(self, counts: GroupCounts, min_support: float, min_applied: int) -> None:
+        self.c = counts
+        self.min_support, self.min_applied = min_support, min_applied
+        self.out: list[Candidate] = []
+        self.ids: set[str] = set()
+
+    def ok(self, held: int, applied: int) -> bool:
+        return applied >= self.min_applied and applied > 0 and held / applied >= self.min_support
+
+    def add(self, name: str, key: tuple[Any, ...], check: dict[str, Any], applied: int, held: int,
+            examples: list[str], text: str) -> None:  # fmt: skip
+        if not self.ok(held, applied):
+            return
+        ident, n = slug(name), 2
+        while ident in self.ids:
+            ident, n = f"{slug(name)}-{n}", n + 1
+        self.ids.add(ident)
+        self.out.append(Candidate(ident, key, check, applied, held, examples[: self.c.limits.examples], text))
+
+
+def build(counts: GroupCounts, min_support: float, min_applied: int) -> list[Candidate]:
+    """Every candidate whose support rate is at least ``min_support`` over at least
+    ``min_applied`` trajectories, in a stable order (tools in order of first appearance)."""
+    b = _Builder(counts, min_support, min_applied)
+    c, n, tools, m = counts, counts.n, counts.tools, counts.limits.max_tools
+    for i, t in enumerate(tools):
+        b.add(f"must-call-{t}", ("must_call", t), {"must_call": t}, n, c.present[i], c.absent[i].ids,
+              f"must_call {t}")  # fmt: skip
+    for i, t in enumerate(tools):
+        _call_count(b, t, c.counts[i], n, c.absent[i].ids)
+    for a, ta in enumerate(tools):
+        for bb, tb in enumerate(tools):
+            if a == bb:
+                continue
+            key = a * m + bb
+            ex = c.precedes_ex.get(key)
+            b.add(f"{ta}-before-{tb}", ("precedes", ta, tb), {"precedes": {"first": ta, "then": tb}},
+                  c.present[bb], c.precedes[key], ex.ids if ex else [], f"precedes {ta} -> {tb}")  # fmt: skip
+    for a, ta in enumerate(tools):
+        for bb, tb in enumerate(tools):
+            if a == bb:
+                continue
+            key = a * m + bb
+            ex = c.responds_ex.get(key)
+            b.add(f"{tb}-after-{ta}", ("responds", ta, tb), {"responds": {"trigger": ta, "then": tb}},
+                  c.present[a], c.responds[key], ex.ids if ex else [], f"responds {ta} -> {tb}")  # fmt: skip
+    for a, ta in enumerate(tools):
+        for bb, tb in enumerate(tools):
+            # A tool that is never called says nothing about when it is not called.
+            if a == bb or c.present[bb] < min_applied:
+                continue
+            key = a * m + bb
+            ex = c.after_ex.get(key)
+            b.add(f"no-{tb}-after-{ta}", ("never_after", tb, ta), {"scope": {"after": ta}, "never_call": tb},
+                  c.present[a], c.present[a] - c.after[key], ex.ids if ex else [],
+                  f"never_call {tb} after {ta}")  # fmt: skip
+    for metric in c.budgets:
+        _budget(b, metric, c.budgets[metric], c.budget_applied[metric])
+    for targets in c.targets.values():
+        for target in targets:
+            _arguments(b, target)
+    return b.out
+
+
+def _call_count(b: _Builder, tool: str, hist: Histogram, n: int, absent: list[str]) -> None:
+    counts = dict(hist.counts)
+    zero = n - sum(counts.values())
+    values = sorted(counts)
+    if not values:
+        return
+    # The smallest max (at least 1: a max of 0 would be never_call) and the largest min (at
+    # least 2: a min of 1 is must_call) that hold often enough.
+    high = next(v for v in values if (zero + sum(counts[x] for x in values if x <= v)) / n >= b.min_support
+                or v == values[-1])  # fmt: skip
+    low = next((v for v in reversed(values) if v >= 2 and sum(counts[x] for x in values if x >= v) / n
+                >= b.min_support), None)  # fmt: skip
+    if low is not None and low > high:
+        low = None
+    while True:
+        held = sum(counts[x] for x in values if (low is None or x >= low) and x <= high)
+        if low is None:
+            held += zero
+        if low is None or b.ok(held, n):
+            break
+        low = None
+    bad = [x for x in values if x > high or (low is not None and x < low)]
+    examples = (absent if low is not None else []) + hist.ids(bad)
+    spec: dict[str, Any] = {"tool": tool}
+    if low is not None:
+        spec["min"] = low
+    spec["max"] = high
+    bounds = f"{low}..{high}" if low is not None else f"at most {high}"
+    b.add(f"count-{tool}", ("call_count", tool, low, high), {"call_count": spec}, n, held, examples,
+          f"call_count {tool} {bounds}")  # fmt: skip
+
+
+def _bound(b: _Builder, hist: Histogram, applied: int, upper: bool, widen: bool = False,
+           partial: Histogram | None = None) -> tuple[Any, int, int, list[str]] | None:  # fmt: skip
+    """The tightest bound (a bucket edge) that held in enough trajectories: (bound, held,
+    applied, examples). ``widen``: for measured quantities, where the tightest bound would flag
+    the largest ``1 - min_support`` of good runs by construction, the bound is the largest value
+    seen within ``WIDEN`` times it (values further out are what it flags); a lower bound is 0 when
+    no value was negative. ``partial``: trajectories with undecided calls, which count (as fails)
+    only where a decided value is beyond the bound."""
+    values = sorted(hist.counts, reverse=not upper)
+    extra = partial.counts if partial is not None else {}
+
+    def beyond(x: Any, v: Any) -> bool:
+        return bool(x > v if upper else x < v)
+
+    def at(v: Any) -> tuple[int, int, list[str]]:
+        held = sum(n for x, n in hist.counts.items() if not beyond(x, v))
+        out = [x for x in values if beyond(x, v)]
+        failed = [x for x in extra if beyond(x, v)]
+        examples = hist.ids(out) + (partial.ids(failed) if partial is not None else [])
+        return held, applied + sum(extra[x] for x in failed), examples
+
+    for v in values:
+        held, n, examples = at(v)
+        if b.ok(held, n):
+            break
+    else:
+        return None
+    if widen:
+        if upper and v > 0:
+            v = max(x for x in values if x <= WIDEN * v)
+        elif not upper and min([values[-1], *extra]) >= 0:
+            v = 0
+        held, n, examples = at(v)
+    return v, held, n, examples
+
+
+# See ``_bound``: a value ten times the usual is a slip (a missing decimal point), not a variation.
+WIDEN = 10
+
+
+def _budget(b: _Builder, metric: str, hist: Histogram, applied: int) -> None:
+    found = _bound(b, hist, applied, upper=True, widen=metric == "max_tokens")
+    if found is None:
+        return
+    bound, held, applied, examples = found
+    b.add(f"budget-{metric.removeprefix('max_')}", ("budget", metric, bound), {"budget": {metric: bound}}, applied,
+          held, examples, f"budget {metric} {bound}")  # fmt: skip
+
+
+def _cel_path(path: str) -> str:
+    out = "args"
+    for seg in re.findall(r"[^.\[\]]+|\[\d+\]", path):
+        out += seg if seg.startswith("[") else f'["{seg}"]'
+    return out
+
+
+def _arguments(b: _Builder, target: Target) -> None:
+    tool, path = target.tool, target.path
+    for flow in target.flows:
+        src: Source = flow.source
+        # A value that never changed cannot tell dataflow from two constants.
+        if not flow.varied:
+            continue
+        step = {"tool": src.tool, src.field: src.path}
+        b.add(f"{tool}-{path}-from-{src.tool}-{src.field}-{src.path}", ("flow", tool, path, src),
+              {"arg_equals": {"tool": tool, "arg": path, "step": step}}, flow.applied, flow.held,
+              flow.examples.ids, f"arg_equals {tool}.{path} = {src.tool} {src.field} {src.path}")  # fmt: skip
+    keys = target.format_keys
+    if keys is not None and target.format_applied:
+        _format(b, target, keys)
+    if target.numeric and target.number_applied:
+        expr = _cel_path(path)
+        for upper, hist, partial in ((True, target.high, target.high_partial),
+                                     (False, target.low, target.low_partial)):  # fmt: skip
+            found = _bound(b, hist, target.number_applied, upper, widen=True, partial=partial)
+            if found is None:
+                continue
+            bound, held, applied, examples = found
+            literal = str(bound) if target.all_int or isinstance(bound, float) or bound == 0 else f"{bound}.0"
+            op = "<=" if upper else ">="
+            b.add(f"{tool}-{path}-{'max' if upper else 'min'}", ("range", tool, path, upper, bound),
+                  {"arg_satisfies": {"tool": tool, "expr": f"{expr} {op} {literal}"}}, applied, held,
+                  examples, f"{tool}.{path} {op} {literal}")  # fmt: skip
+
+
+def _format(b: _Builder, target: Target, keys: Histogram) -> None:
+    """Add shapes, most frequent first, until enough trajectories have only accepted shapes (at
+    most ``MAX_ALTERNATIVES``)."""
+    by_shape: dict[formats.Shape, int] = {}
+    for key, n in keys.counts.items():
+        if key is OVERFLOW:
+            continue
+        for shape in key:
+            if shape in target.shapes:
+                by_shape[shape] = by_shape.get(shape, 0) + n
+    ranked = sorted(by_shape, key=lambda s: (-by_shape[s], s))[:MAX_ALTERNATIVES]
+    accepted: list[formats.Shape] = []
+    for shape in ranked:
+        accepted.append(shape)
+        allowed = set(accepted)
+        held = sum(n for key, n in keys.counts.items() if key is not OVERFLOW and key <= allowed)
+        partial = target.format_partial
+        failed_partial = [key for key in partial.counts if key is OVERFLOW or not key <= allowed]
+        applied = target.format_applied + sum(partial.counts[key] for key in failed_partial)
+        if b.ok(held, applied):
+            bad = [key for key in keys.counts if key is OVERFLOW or not key <= allowed]
+            examples = [i for key in bad for i in keys.examples[key].ids]
+            examples += [i for key in failed_partial for i in partial.examples[key].ids]
+            literal = len(target.distinct) >= formats.LITERAL_AFTER
+            pattern = formats.regex(accepted, target.shapes, literal)
+            b.add(f"{target.tool}-{target.path}-format", ("format", target.tool, target.path),
+                  {"arg_matches": {"tool": target.tool, "arg": target.path, "regex": pattern}}, applied, held,
+                  examples, f"{target.tool}.{target.path} matches {pattern}")  # fmt: skip
+            return
+
+
+# A format that needs more alternatives than this is not a format.
+MAX_ALTERNATIVES = 3
+
+
+# ---- implication ---------------------------------------------------------------------------
+
+# Among candidates with the same support rate, the order in which they are tested: a kind tested
+# earlier is the one dropped when two are implied by each other.
+_TIE_ORDER = {"never_after": 0, "responds": 1, "flow": 2, "precedes": 3, "budget": 4, "call_count": 5}
+# Never dropped (see the package docstring).
+_NEVER_DROPPED = frozenset({"must_call", "format", "range"})
+
+
+class _Kept:
+    """The candidates still kept, indexed for the rules."""
+
+    def __init__(self, candidates: Iterable[Candidate]) -> None:
+        self.all = {id(c): c for c in candidates}
+        self.by_key = {c.key: c for c in self.all.values()}
+        self.edges: dict[str, dict[str, dict[str, Candidate]]] = {"precedes": {}, "responds": {}}
+        for c in self.all.values():
+            if c.kind in self.edges:
+                self.edges[c.kind].setdefault(c.key[1], {})[c.key[2]] = c
+
+    def remove(self, c: Candidate) -> None:
+        del self.all[id(c)]
+        del self.by_key[c.key]
+        if c.kind in self.edges:
+            del self.edges[c.kind][c.key[1]][c.key[2]]
+
+    def get(self, key: tuple[Any, ...], rate: float) -> Candidate | None:
+        c = self.by_key.get(key)
+        return c if c is not None and c.rate >= rate else None
+
+    def path(self, kind: str, a: str, b: str, rate: float, skip: Candidate | None = None) -> list[Candidate] | None:
+        """Edges of a path a -> ... -> b of kept ``kind`` candidates at ``rate`` or better, not using ``skip``."""
+        graph = self.edges[kind]
+        came: dict[str, Candidate | None] = {a: None}
+        todo = deque([a])
+        while todo:
+            x = todo.popleft()
+            for y, edge in graph.get(x, {}).items():
+                if edge is skip or edge.rate < rate or y in came:
+                    continue
+                came[y] = edge
+                if y == b:
+                    out = []
+                    while (e := came[y]) is not None:
+                        out.append(e)
+                        y = e.key[1]
+                    return out[::-1]
+                todo.append(y)
+        return None
+
+    def at_most_once(self, tool: str, rate: float) -> Candidate | None:
+        for c in self.all.values():
+            if c.kind == "call_count" and c.key[1] == tool and c.key[3] <= 1 and c.rate >= rate:
+                return c
+        return None
+
+    def flows_into(self, tool: str, path: str, rate: float) -> list[Candidate]:
+        return [c for c in self.all.values() if c.kind == "flow" and c.key[1:3] == (tool, path) and c.rate >= rate]
+
+
+def _implied(c: Candidate, kept: _Kept) -> list[Candidate] | None:
+    """The kept candidates (support rate at least ``c``'s) that together imply ``c``, or None."""
+    r = c.rate
+    kind = c.kind
+    if kind == "precedes":
+        _, a, b = c.key
+        return kept.path("precedes", a, b, r, skip=c)
+    if kind == "responds":
+        _, a, b = c.key
+        chain = kept.path("responds", a, b, r, skip=c)
+        if chain:
+            return chain
+        must_b = kept.get(("must_call", b), r)
+        if must_b is None:
+            return None
+        # b always happens, and after the first successful a: a's only call (or every a,
+        # if none follows b) is answered.
+        once = kept.at_most_once(a, r)
+        order = kept.path("precedes", a, b, r) if once else None
+        if once and order:
+            return [*order, once, must_b]
+        never = _never_after(kept, a, b, r, None)
+        return [must_b, *never] if never else None
+    if kind == "never_after":
+        _, b, a = c.key
+        return _never_after(kept, b, a, r, c)
+    if kind == "call_count":
+        _, _tool, low, high = c.key
+        budget = kept.get(("budget", "max_tool_calls", _budget_of(kept, "max_tool_calls")), r)
+        return [budget] if low is None and budget is not None and budget.key[2] <= high else None
+    if kind == "budget":
+        _, metric, bound = c.key
+        for wider in _BUDGET_WIDER.get(metric, ()):
+            other = kept.get(("budget", wider, _budget_of(kept, wider)), r)
+            if other is not None and other.key[2] <= bound:
+                return [other]
+        return None
+    if kind == "flow":
+        _, tool, path, src = c.key
+        if src.field != "arg":
+            return None
+        for other in kept.flows_into(tool, path, r):
+            if other is c:
+                continue
+            root = other.key[3]
+            feeds = kept.get(("flow", src.tool, src.path, root), r)
+            once = kept.at_most_once(root.tool, r)
+            if feeds is not None and once is not None:
+                return [other, feeds, once]
+        return None
+    return None
+
+
+def _never_after(kept: _Kept, b: str, a: str, r: float, skip: Candidate | None) -> list[Candidate] | None:
+    """Kept candidates (rate >= r, not ``skip``) giving "no successful b after the first successful a"."""
+    direct = kept.get(("never_after", b, a), r)
+    if direct is not None and direct is not skip:
+        return [direct]
+    once = kept.at_most_once(b, r)
+    order = kept.path("precedes", b, a, r) if once else None
+    if once and order:
+        return [once, *order]
+    for other in kept.all.values():
+        if other is skip or other.kind != "never_after" or other.key[1] != b or other.rate < r:
+            continue
+        order = kept.path("precedes", other.key[2], a, r)
+        if order:
+            return [other, *order]
+    return None
+
+
+# A count is part of a wider one: tool calls and model calls are steps, tool errors tool calls.
+_BUDGET_WIDER = {"max_tool_calls": ("max_steps",), "max_llm_calls": ("max_steps",),
+                 "max_tool_errors": ("max_tool_calls", "max_steps")}  # fmt: skip
+
+
+def _budget_of(kept: _Kept, metric: str) -> Any:
+    for key in kept.by_key:
+        if key[0] == "budget" and key[1] == metric:
+            return key[2]
+    return None
+
+
+def prune(candidates: list[Candidate]) -> tuple[list[Candidate], list[Candidate]]:
+    """(kept, implied): weakest first, a candidate is dropped when kept candidates at least as
+    well supported imply it; ``implied_by`` names them."""
+    kept = _Kept(candidates)
+    order: Callable[[Candidate], tuple[float, int]] = lambda c: (c.rate, _TIE_ORDER.get(c.kind, 9))  # noqa: E731
+    for c in sorted(candidates, key=order):
+        if c.kind in _NEVER_DROPPED:
+            continue
+        why = _implied(c, kept)
+        if why:
+            c.implied_by = [x.id for x in why]
+            kept.remove(c)
+    # Name premises that are written where possible: one tested earlier may have gone since
+    # (it is implied by what remains, so ``c`` still is).
+    for c in candidates:
+        if c.implied_by:
+            final = _implied(c, kept)
+            if final:
+                c.implied_by = [x.id for x in final]
+    implied = [c for c in candidates if c.implied_by]
+    return [c for c in candidates if not c.implied_by], implied

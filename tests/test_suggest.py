@@ -1,0 +1,322 @@
+"""Mining candidate invariants (otel_plumb.suggest) on trajectories built directly: support is
+what the check itself says, planted invariants are found, implied ones are dropped."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import re2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from otel_plumb.check import CompiledPolicy, load_policy
+from otel_plumb.model import Step, Trajectory
+from otel_plumb.suggest import Candidate, Miner, Options, mine
+from otel_plumb.suggest.candidates import build, prune
+from otel_plumb.suggest.formats import regex, shape_of
+from otel_plumb.suggest.mine import GroupCounts, Limits, bucket_down, bucket_up
+from otel_plumb.suggest.render import flow, policy_yaml
+
+LIMIT = Limits().examples
+
+
+def step(i: int, name: str, args: Any = None, result: Any = None, error: str | None = None, kind: str = "tool",
+         tokens: int | None = None) -> Step:  # fmt: skip
+    return Step(
+        i, kind, name, f"{i:016x}", None, "t", i * 10, i * 10 + 5, "test",  # type: ignore[arg-type]
+        args=args, args_status="captured" if args is not None else "absent",
+        result=result, result_status="captured" if result is not None else "absent", error=error, tokens=tokens,
+    )  # fmt: skip
+
+
+def trajectory(trace_id: str, calls: Sequence[tuple[str, Any, Any] | tuple[str, Any, Any, str]]) -> Trajectory:
+    steps = [step(0, "agent", kind="agent")]
+    for name, args, result, *error in calls:
+        steps.append(step(len(steps), name, args, result, error[0] if error else None))
+    return Trajectory(trace_id, [trace_id], steps)
+
+
+def compile_candidates(candidates: Sequence[Candidate]) -> CompiledPolicy:
+    text = "policy: mined\ninvariants:\n" + "".join(f"  - {flow({'id': c.id, **c.check})}\n" for c in candidates)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "p.yaml"
+        path.write_text(text)
+        return load_policy(path)
+
+
+def verdicts(policy: CompiledPolicy, trajectories: Sequence[Trajectory]) -> dict[str, dict[str, str]]:
+    """invariant id -> trace id -> verdict."""
+    out: dict[str, dict[str, str]] = {}
+    for t in trajectories:
+        for v in policy.evaluate(t):
+            out.setdefault(v.invariant, {})[t.trace_id] = v.verdict
+    return out
+
+
+def all_candidates(trajectories: Sequence[Trajectory], min_support: float = 0.0) -> list[Candidate]:
+    counts = GroupCounts(Limits())
+    for t in trajectories:
+        counts.add(t)
+    counts.end_warmup()
+    return build(counts, min_support, 1)
+
+
+# ---- random trajectories -----------------------------------------------------------------
+
+TOOLS = ("a", "b", "c", "d")
+IDS = ("X1", "X2", "x1 ", "Y-10", 7, 7.0, "7")
+
+
+@st.composite
+def random_trajectories(draw: st.DrawFn) -> list[Trajectory]:
+    out = []
+    for n in range(draw(st.integers(1, 12))):
+        calls: list[Any] = []
+        for _ in range(draw(st.integers(0, 7))):
+            name = draw(st.sampled_from(TOOLS))
+            # Arguments often copy an earlier result, as an agent passes values along.
+            earlier = [c[2] for c in calls if c[2] is not None]
+            if earlier and draw(st.booleans()):
+                value = draw(st.sampled_from(earlier))["id"]
+            else:
+                value = draw(st.sampled_from(IDS))
+            args = draw(st.sampled_from([None, {"id": value, "n": draw(st.integers(0, 300))}, {"n": 3}]))
+            result = (
+                {"id": draw(st.sampled_from(IDS)), "total": draw(st.integers(0, 50))} if draw(st.booleans()) else None
+            )
+            error = "boom" if draw(st.integers(0, 9)) == 0 else None
+            calls.append((name, args, result, error) if error else (name, args, result))
+        t = trajectory(f"t{n:02d}", calls)
+        if draw(st.booleans()):
+            t.steps.append(step(len(t.steps), "chat", kind="llm", tokens=draw(st.integers(0, 500))))
+        out.append(t)
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_trajectories())
+def test_support_and_counter_examples_are_what_the_check_says(trajectories: list[Trajectory]) -> None:
+    """Every candidate, at any support: the trajectories the check fails are its counter-examples
+    (all of them while there are at most LIMIT), and their number is applied - held."""
+    candidates = all_candidates(trajectories)
+    if not candidates:
+        return
+    got = verdicts(compile_candidates(candidates), trajectories)
+    for c in candidates:
+        failed = sorted(tid for tid, v in got[c.id].items() if v == "fail")
+        assert len(failed) == c.failed, (c.text, failed, c.examples)
+        assert set(c.examples) <= set(failed), c.text
+        if len(failed) <= LIMIT:
+            assert sorted(c.examples) == failed, c.text
+        passed = sum(1 for v in got[c.id].values() if v == "pass")
+        assert passed >= c.held, c.text
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_trajectories())
+def test_nothing_a_counter_example_refutes_survives_at_full_support(trajectories: list[Trajectory]) -> None:
+    result = mine(trajectories, Options(min_support=1.0, min_applied=1))
+    kept = [c for g in result.groups for c in g.kept]
+    if not kept:
+        return
+    for inv, by_trace in verdicts(compile_candidates(kept), trajectories).items():
+        assert "fail" not in by_trace.values(), inv
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_trajectories(), st.sampled_from([0.5, 0.8, 1.0]))
+def test_an_implied_candidate_holds_wherever_its_premises_hold(trajectories: list[Trajectory], s: float) -> None:
+    """The implication rules are sound on the data: where no premise fails, the dropped one does
+    not fail either; premises are written (kept) and at least as well supported."""
+    candidates = all_candidates(trajectories, s)
+    kept, implied = prune(candidates)
+    if not implied:
+        return
+    by_id = {c.id: c for c in candidates}
+    kept_ids = {c.id for c in kept}
+    got = verdicts(compile_candidates(candidates), trajectories)
+    for c in implied:
+        assert set(c.implied_by) <= kept_ids, c.text
+        assert all(by_id[p].rate >= c.rate for p in c.implied_by), c.text
+        for t in trajectories:
+            if all(got[p][t.trace_id] != "fail" for p in c.implied_by):
+                assert got[c.id][t.trace_id] != "fail", (c.text, c.implied_by, t.trace_id)
+
+
+# ---- planted invariants --------------------------------------------------------------------
+
+
+def planted(i: int, fault: str | None = None, noise: bool = False) -> Trajectory:
+    """fetch -> [lookup] -> check -> pay -> audit: the invoice id flows from fetch to check and
+    pay, the amount from fetch's result to pay; ``fault`` breaks one thing."""
+    inv, total = f"ORD-{1000 + i}", 100 + 7 * i
+    calls: list[Any] = [("fetch", {"id": inv}, {"id": inv, "total": total})]
+    if noise:
+        calls.append(("lookup", {"q": "x"}, None))
+    if fault != "skip_check":
+        calls.append(("check", {"id": inv}, {"ok": True}))
+    amount = total * 10 if fault == "wrong_amount" else total
+    calls.append(("pay", {"id": inv, "amount": amount}, {"paid": True}))
+    if fault == "pay_twice":
+        calls.append(("pay", {"id": inv, "amount": amount}, {"paid": True}))
+    if fault != "no_audit":
+        calls.append(("audit", {"id": inv}, None))
+    return trajectory(f"{'bad' if fault else 'ok'}{i:03d}", calls)
+
+
+def _found(result: Any, key: tuple[Any, ...]) -> Candidate:
+    for g in result.groups:
+        for c in g.kept + g.implied:
+            if c.key == key:
+                return c  # type: ignore[no-any-return]
+    raise AssertionError(f"{key} not proposed")
+
+
+FAULTS = ("skip_check", "wrong_amount", "pay_twice", "no_audit")
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.integers(10, 40),
+    st.lists(st.sampled_from(FAULTS), max_size=2),
+    st.lists(st.booleans(), min_size=40, max_size=40),
+)
+def test_planted_invariants_are_found_with_their_support(good: int, faults: list[str], noise: list[bool]) -> None:
+    trajectories = [planted(i, noise=noise[i]) for i in range(good)]
+    trajectories += [planted(good + j, fault) for j, fault in enumerate(faults)]
+    n = len(trajectories)
+    result = mine(trajectories, Options(min_support=0.8, min_applied=5))
+    broken = {f: [t.trace_id for t, x in zip(trajectories[good:], faults, strict=True) if x == f] for f in FAULTS}
+    pays = n - 0  # every trajectory pays
+
+    c = _found(result, ("must_call", "check"))
+    assert (c.held, c.applied, sorted(c.examples)) == (n - len(broken["skip_check"]), n, broken["skip_check"])
+    c = _found(result, ("precedes", "fetch", "pay"))
+    assert (c.held, c.applied) == (pays, pays)
+    c = _found(result, ("responds", "pay", "audit"))
+    assert (c.held, c.applied, sorted(c.examples)) == (n - len(broken["no_audit"]), n, broken["no_audit"])
+    c = _found(result, ("call_count", "pay", None, 1))
+    assert (c.held, sorted(c.examples)) == (n - len(broken["pay_twice"]), broken["pay_twice"])
+    from otel_plumb.suggest.mine import Source
+
+    c = _found(result, ("flow", "pay", "amount", Source("fetch", "result", "total")))
+    assert (c.held, c.applied, sorted(c.examples)) == (n - len(broken["wrong_amount"]), n, broken["wrong_amount"])
+    c = _found(result, ("flow", "check", "id", Source("fetch", "arg", "id")))
+    assert c.held == c.applied == n - len(broken["skip_check"])
+    c = _found(result, ("format", "fetch", "id"))
+    assert c.check["arg_matches"]["regex"] == r"^ORD\-[0-9]{4}$" and c.held == n
+    c = _found(result, ("never_after", "pay", "audit"))
+    assert c.held == c.applied == n - len(broken["no_audit"])
+
+
+def test_implied_orderings_and_sources_are_dropped_with_what_implies_them() -> None:
+    trajectories = [planted(i) for i in range(20)]
+    g = mine(trajectories, Options(min_support=1.0)).groups[0]
+    kept = {c.key[:3] for c in g.kept}
+    implied = {c.key[:3]: c for c in g.implied}
+    # A chain fetch -> check -> pay -> audit: only its links are written.
+    assert {("precedes", "fetch", "check"), ("precedes", "check", "pay"), ("precedes", "pay", "audit")} <= kept
+    assert ("precedes", "fetch", "pay") not in kept
+    assert implied[("precedes", "fetch", "pay")].implied_by == ["fetch-before-check", "check-before-pay"]
+    # Each call once, in order: responds and never_call follow from precedes, count and must_call.
+    assert not any(k[0] in ("responds", "never_after") for k in kept)
+    assert set(implied[("responds", "fetch", "check")].implied_by) == {"fetch-before-check", "count-fetch",
+                                                                       "must-call-check"}  # fmt: skip
+    # pay's id equals check's, which equals fetch's: only fetch (called once) is the source written.
+    flows = [c.key[3] for c in g.kept if c.kind == "flow" and c.key[1:3] == ("pay", "id")]
+    assert {(s.tool, s.field) for s in flows} == {("fetch", "arg"), ("fetch", "result")}
+
+
+def test_a_constant_is_not_proposed_as_dataflow() -> None:
+    trajectories = [trajectory(f"t{i}", [("a", {"x": 1}, {"y": "k"}), ("b", {"z": "K"}, None)]) for i in range(10)]
+    result = mine(trajectories, Options(min_support=1.0))
+    assert not [c for c in result.groups[0].kept if c.kind == "flow"]
+
+
+def test_incomplete_trajectories_are_left_out_and_the_policy_text_loads(tmp_path: Path) -> None:
+    trajectories = [planted(i) for i in range(12)]
+    trajectories[0].complete = False
+    trajectories[0].steps = trajectories[0].steps[:2]
+    result = mine(trajectories, Options(min_support=1.0))
+    assert (result.trajectories, result.incomplete) == (12, 1)
+    text = policy_yaml(result, "mined", "t.jsonl")
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    policy = load_policy(path)
+    assert {i.id for i in policy.invariants} == {c.id for c in result.groups[0].kept}
+    assert "# must_call check: 11/11 (1.000, Wilson 95% lower bound 0.741)" in text
+
+
+def test_group_by_agent_guards_each_groups_invariants(tmp_path: Path) -> None:
+    trajectories = []
+    for i in range(10):
+        a = planted(i)
+        a.agent = "payer"
+        b = trajectory(f"r{i}", [("refund", {"id": f"R-{i}"}, None)])
+        b.agent = "refunder"
+        trajectories += [a, b]
+    result = mine(trajectories, Options(min_support=1.0, group_by="agent"))
+    assert {g.value for g in result.groups} == {"payer", "refunder"}
+    path = tmp_path / "p.yaml"
+    path.write_text(policy_yaml(result, "mined", "x"))
+    policy = load_policy(path)
+    got = verdicts(policy, trajectories)
+    # must_call refund holds for the refunder and does not apply to the payer.
+    assert set(got["refunder.must-call-refund"].values()) == {"pass", "not_applicable"}
+    assert all(v != "fail" for by_trace in got.values() for v in by_trace.values())
+
+
+def test_miner_needs_the_attribute_name_to_group_by_it() -> None:
+    try:
+        Miner(Options(group_by="attribute"))
+    except ValueError as exc:
+        assert "attribute" in str(exc)
+    else:
+        raise AssertionError("no error")
+
+
+# ---- formats and buckets -------------------------------------------------------------------
+
+
+def _regex_of(values: list[str], literal: bool = True) -> str:
+    from otel_plumb.suggest.formats import ShapeStats
+
+    stats: dict[Any, ShapeStats] = {}
+    order = []
+    for v in values:
+        shape, parts = shape_of(v)
+        assert parts is not None
+        if shape in stats:
+            stats[shape].add(parts)
+        else:
+            stats[shape] = ShapeStats(parts)
+            order.append(shape)
+    return regex(order, stats, literal)
+
+
+def test_formats_generalise_by_character_class_and_keep_constant_text() -> None:
+    assert _regex_of(["INV-1001", "INV-1002", "INV-1093"]) == r"^INV\-[0-9]{4}$"
+    assert _regex_of(["INV-1001", "INV-1002", "INV-1093"], literal=False) == r"^[A-Z]{3}\-[0-9]{4}$"
+    assert _regex_of(["ab12", "abc123"], literal=False) == r"^[a-z]{2,3}[0-9]{2,3}$"
+    assert _regex_of(["PO-7", "po.8"], literal=False) == r"^(?:[A-Z]{2}\-[0-9]|[a-z]{2}\.[0-9])$"
+    assert shape_of("x" * 201)[1] is None  # free text is not a format
+
+
+@given(st.lists(st.text(alphabet="AZaz09-_. é", min_size=1, max_size=12), min_size=1, max_size=6))
+def test_a_generalised_regex_matches_every_value_and_compiles_with_re2(values: list[str]) -> None:
+    pattern = _regex_of(values, literal=len(set(values)) >= 3)
+    compiled = re2.compile(pattern)
+    assert all(compiled.search(v) for v in values), pattern
+
+
+@given(st.one_of(st.integers(-(10**9), 10**9), st.floats(-1e9, 1e9, allow_nan=False)))
+def test_buckets_are_outward_with_two_significant_digits(value: float) -> None:
+    up, down = bucket_up(value), bucket_down(value)
+    assert down <= value <= up
+    for edge in (up, down):
+        if edge and abs(edge) > 100:
+            digits = str(abs(int(edge))).rstrip("0")
+            assert len(digits) <= 2, edge
