@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import heapq
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -42,7 +43,7 @@ CREATE TABLE IF NOT EXISTS decided_verdicts (
   verdict TEXT NOT NULL, severity TEXT NOT NULL, step_index INTEGER
 );
 CREATE INDEX IF NOT EXISTS verdicts_by_invariant ON decided_verdicts (invariant, verdict, decided_at, decided_id);
-CREATE INDEX IF NOT EXISTS verdicts_by_policy ON decided_verdicts (policy, verdict, decided_at, decided_id);
+CREATE INDEX IF NOT EXISTS verdicts_by_policy ON decided_verdicts (policy, decided_at, decided_id);
 CREATE INDEX IF NOT EXISTS verdicts_by_severity ON decided_verdicts (verdict, severity, decided_at, decided_id);
 CREATE INDEX IF NOT EXISTS verdicts_by_trajectory ON decided_verdicts (decided_id);
 """
@@ -125,25 +126,24 @@ class TrajectoryStore:
         at = time.time() if decided_at is None else decided_at
         db = self.db
         with self._transaction():
-            for record in records:
-                trial = record.get("trial_id")
-                if run_id is not None and trial is not None:  # a trial stored again (a resumed run)
+            if run_id is not None:  # a trial stored again (a resumed run) replaces its row
+                for trial in {r.get("trial_id") for r in records} - {None}:
                     self._delete_rows("run_id = ? AND trial_id = ?", (run_id, trial))
+            # Ids given here, so both tables are written with one executemany each.
+            first = (db.execute("SELECT MAX(id) FROM decided").fetchone()[0] or 0) + 1
+            rows, verdict_rows = [], []
+            for row_id, record in enumerate(records, start=first):
                 verdicts = record.get("verdicts") or []
-                cur = db.execute(
-                    "INSERT INTO decided (source, run_id, trial_id, decided_at, trace_id, key, agent, service, status,"
-                    " failed, worst, record) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (source, run_id, record.get("trial_id"), at, record.get("trace_id") or "",
-                     record.get("key") or record.get("trace_id") or "", record.get("agent"), record.get("service"),
-                     record.get("status") or "unchecked", sum(v.get("verdict") == "fail" for v in verdicts),
-                     _worst(verdicts), orjson.dumps(record, default=str)),
-                )  # fmt: skip
-                row_id = cur.lastrowid
-                db.executemany(
-                    "INSERT INTO decided_verdicts VALUES (?,?,?,?,?,?,?)",
-                    [(row_id, at, v.get("policy"), v.get("invariant") or "", v.get("verdict") or "",
-                      v.get("severity") or "", v.get("step_index")) for v in verdicts],
-                )  # fmt: skip
+                rows.append((
+                    row_id, source, run_id, record.get("trial_id"), at, record.get("trace_id") or "",
+                    record.get("key") or record.get("trace_id") or "", record.get("agent"), record.get("service"),
+                    record.get("status") or "unchecked", sum(v.get("verdict") == "fail" for v in verdicts),
+                    _worst(verdicts), orjson.dumps(record, default=str),
+                ))  # fmt: skip
+                verdict_rows += [(row_id, at, v.get("policy"), v.get("invariant") or "", v.get("verdict") or "",
+                                  v.get("severity") or "", v.get("step_index")) for v in verdicts]  # fmt: skip
+            db.executemany("INSERT INTO decided VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            db.executemany("INSERT INTO decided_verdicts VALUES (?,?,?,?,?,?,?)", verdict_rows)
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -215,34 +215,70 @@ class TrajectoryStore:
             at, row_id = _parse_cursor(cursor)
             where.append("(d.decided_at < ? OR (d.decided_at = ? AND d.id < ?))")
             args += [at, at, row_id]
-        verdict_terms, verdict_args = [], []
-        if filters.policy is not None:
-            verdict_terms.append("v.policy = ?")
-            verdict_args.append(filters.policy)
-        if filters.invariant is not None:
-            verdict_terms.append("v.invariant = ?")
-            verdict_args.append(filters.invariant)
-        if filters.severity is not None:
-            verdict_terms.append("v.verdict = 'fail'")
-            severities = SEVERITIES[: SEVERITIES.index(filters.severity) + 1]
-            verdict_terms.append(f"v.severity IN ({','.join('?' * len(severities))})")
-            verdict_args += list(severities)
-        elif filters.invariant is not None:
-            verdict_terms.append("v.verdict = 'fail'")
-        if verdict_terms:
-            where.append(
-                f"EXISTS (SELECT 1 FROM decided_verdicts v WHERE v.decided_id = d.id AND {' AND '.join(verdict_terms)})"
-            )
-            args += verdict_args
-        rows = self.db.execute(
-            "SELECT d.id, d.source, d.run_id, d.trial_id, d.decided_at, d.trace_id, d.key, d.agent, d.service,"
-            f" d.status, d.failed, d.worst FROM decided d WHERE {' AND '.join(where)}"
-            " ORDER BY d.decided_at DESC, d.id DESC LIMIT ?",
-            (*args, limit + 1),
-        ).fetchall()
+        if filters.policy is None and filters.invariant is None and filters.severity is None:
+            rows = self.db.execute(
+                f"SELECT {_COLUMNS} FROM decided d WHERE {' AND '.join(where)}"
+                " ORDER BY d.decided_at DESC, d.id DESC LIMIT ?",
+                (*args, limit + 1),
+            ).fetchall()
+        else:
+            rows = self._by_verdicts(filters, where, args, limit + 1)
         items = [_summary(r) for r in rows[:limit]]
         more = len(rows) > limit
         return items, (_cursor(rows[limit - 1][4], rows[limit - 1][0]) if more else None)
+
+    def _by_verdicts(self, f: Filters, where: list[str], args: list[Any], want: int) -> list[tuple[Any, ...]]:
+        """Trajectories with a verdict matching the policy/invariant/severity filters, newest
+        first: walked in the order of a verdict index (one walk per severity, merged), so the
+        cost is that of the page, not of the whole store."""
+        terms, values = [], []
+        if f.policy is not None:
+            terms.append("v.policy = ?")
+            values.append(f.policy)
+        if f.invariant is not None:
+            terms.append("v.invariant = ?")
+            values.append(f.invariant)
+        if f.invariant is not None or f.severity is not None:
+            terms.append("v.verdict = 'fail'")
+        severities: list[str | None] = [None]
+        if f.severity is not None:
+            severities = list(SEVERITIES[: SEVERITIES.index(f.severity) + 1])
+        walks = []
+        for severity in severities:
+            extra = ["v.severity = ?"] if severity is not None else []
+            walks.append(self._walk(
+                " AND ".join([*terms, *extra, *(_on_verdicts(w) for w in where)]),
+                [*values, *([severity] if severity is not None else []), *args],
+            ))  # fmt: skip
+        out: list[tuple[Any, ...]] = []
+        seen: set[int] = set()
+        for row in heapq.merge(*walks, key=lambda r: (r[4], r[0]), reverse=True):
+            if row[0] in seen:  # two matching verdicts of one trajectory
+                continue
+            seen.add(row[0])
+            out.append(row)
+            if len(out) == want:
+                break
+        return out
+
+    def _walk(self, where: str, args: list[Any], chunk: int = 256) -> Iterator[tuple[Any, ...]]:
+        """Rows of trajectories whose verdict rows match ``where``, newest first, fetched a chunk
+        at a time along the verdict index."""
+        after: tuple[float, int] | None = None
+        while True:
+            cond, extra = where, list(args)
+            if after is not None:
+                cond += " AND (v.decided_at < ? OR (v.decided_at = ? AND v.decided_id < ?))"
+                extra += [after[0], after[0], after[1]]
+            rows = self.db.execute(
+                f"SELECT {_COLUMNS} FROM decided_verdicts v JOIN decided d ON d.id = v.decided_id WHERE {cond}"
+                " ORDER BY v.decided_at DESC, v.decided_id DESC LIMIT ?",
+                (*extra, chunk),
+            ).fetchall()
+            yield from rows
+            if len(rows) < chunk:
+                return
+            after = (rows[-1][4], rows[-1][0])
 
     def get(self, ref: str) -> dict[str, Any] | None:
         """One trajectory by store id, trace id or task key (the newest when several match)."""
@@ -320,7 +356,16 @@ class TrajectoryStore:
         return {s: n for s, n in rows}
 
 
+_COLUMNS = ("d.id, d.source, d.run_id, d.trial_id, d.decided_at, d.trace_id, d.key, d.agent, d.service, d.status,"
+            " d.failed, d.worst")
+
+
 def _summary(row: tuple[Any, ...]) -> dict[str, Any]:
     keys = ("id", "source", "run_id", "trial_id", "decided_at", "trace_id", "key", "agent", "service", "status",
             "failed", "worst")  # fmt: skip
     return dict(zip(keys, row, strict=True))
+
+
+def _on_verdicts(term: str) -> str:
+    """A time or cursor term on the verdict row (same value), so the verdict index serves it."""
+    return term.replace("d.decided_at", "v.decided_at").replace("d.id <", "v.decided_id <")
