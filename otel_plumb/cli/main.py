@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "campaign": "otel_plumb.cli.campaign:campaign",
     "suggest": "otel_plumb.cli.suggest:suggest",
     "console": "otel_plumb.cli.console:console",
+    "watch": "otel_plumb.cli.watch:watch",
 }
 
 
