@@ -190,12 +190,11 @@ def test_planted_invariants_are_found_with_their_support(good: int, faults: list
     n = len(trajectories)
     result = mine(trajectories, Options(min_support=0.8, min_applied=5))
     broken = {f: [t.trace_id for t, x in zip(trajectories[good:], faults, strict=True) if x == f] for f in FAULTS}
-    pays = n - 0  # every trajectory pays
 
     c = _found(result, ("must_call", "check"))
     assert (c.held, c.applied, sorted(c.examples)) == (n - len(broken["skip_check"]), n, broken["skip_check"])
     c = _found(result, ("precedes", "fetch", "pay"))
-    assert (c.held, c.applied) == (pays, pays)
+    assert (c.held, c.applied) == (n, n)  # every trajectory pays
     c = _found(result, ("responds", "pay", "audit"))
     assert (c.held, c.applied, sorted(c.examples)) == (n - len(broken["no_audit"]), n, broken["no_audit"])
     c = _found(result, ("call_count", "pay", None, 1))
@@ -320,3 +319,21 @@ def test_buckets_are_outward_with_two_significant_digits(value: float) -> None:
         if edge and abs(edge) > 100:
             digits = str(abs(int(edge))).rstrip("0")
             assert len(digits) <= 2, edge
+
+
+def test_group_by_a_task_attribute_guards_with_its_value(tmp_path: Path) -> None:
+    trajectories = []
+    for i in range(12):
+        t = planted(i) if i % 2 else trajectory(f"r{i}", [("refund", {"id": f"R-{i}"}, None)])
+        t.attributes["intent"] = "pay" if i % 2 else "refund"
+        trajectories.append(t)
+    trajectories.append(trajectory("none", [("other", None, None)]))
+    result = mine(trajectories, Options(min_support=1.0, group_by="attribute", attribute="intent"))
+    assert result.ungrouped == 1
+    assert {g.value: g.trajectories for g in result.groups} == {"pay": 6, "refund": 6}
+    path = tmp_path / "p.yaml"
+    path.write_text(policy_yaml(result, "mined", "x"))
+    got = verdicts(load_policy(path), trajectories)
+    refunds = got["refund.must-call-refund"]
+    assert {tid for tid, v in refunds.items() if v == "pass"} == {f"r{i}" for i in range(0, 12, 2)}
+    assert all(v != "fail" for by_trace in got.values() for v in by_trace.values())

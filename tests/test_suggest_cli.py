@@ -135,3 +135,12 @@ def test_the_guide_runs_as_written(tmp_path: Path) -> None:
     run = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert (tmp_path / "suggested.yaml").exists() and (tmp_path / "report.json").exists()
+
+
+def test_nothing_proposed_is_a_run_that_could_not_be_done_and_bad_flags_are_refused(tmp_path: Path) -> None:
+    one = ROOT / "tests" / "fixtures" / "ap" / "clean.jsonl"
+    run = cli("suggest", str(one), "--policy-out", str(tmp_path / "p.yaml"))
+    assert run.returncode == 2 and "nothing written" in run.stderr
+    assert not (tmp_path / "p.yaml").exists()
+    assert cli("suggest", str(one), "--group-by", "colour").returncode == 2
+    assert cli("suggest", str(tmp_path / "missing.jsonl")).returncode == 2

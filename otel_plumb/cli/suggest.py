@@ -14,14 +14,16 @@ from otel_plumb.check import PolicyError, load_policy
 from otel_plumb.cli.main import RunError
 from otel_plumb.cli.replay import check_inputs, check_something_read, write_json
 from otel_plumb.replay import ReplayStats, iter_trajectories
-from otel_plumb.suggest import Miner, Options
+from otel_plumb.suggest import GroupBy, Miner, Options
 from otel_plumb.suggest.render import policy_yaml, report, summary_lines
 from otel_plumb.terminal import safe
 
 
-def _group_by(value: str) -> tuple[str, str | None]:
-    if value in ("none", "agent"):
-        return value, None
+def _group_by(value: str) -> tuple[GroupBy, str | None]:
+    if value == "none":
+        return "none", None
+    if value == "agent":
+        return "agent", None
     if value.startswith("attribute:") and value.removeprefix("attribute:"):
         return "attribute", value.removeprefix("attribute:")
     raise click.BadParameter("one of none, agent, attribute:NAME (a task attribute such as attribute:intent)")
@@ -74,7 +76,8 @@ def suggest(
     """Mine candidate invariants from trace files (assumed mostly good) into a policy to review, with each one's
     support, Wilson bound and the traces it would flag."""
     kind, attribute = _group_by(group_by)
-    options = Options(min_support, min_applied, min_bound, kind, attribute)  # type: ignore[arg-type]
+    options = Options(min_support=min_support, min_applied=min_applied, min_bound=min_bound, group_by=kind,
+                      attribute=attribute)  # fmt: skip
     paths = check_inputs(files)
     stats = ReplayStats()
     miner = Miner(options)

@@ -18,9 +18,9 @@ seen G distinct tools (G <= ``max_tools``):
 - per ordered pair (a, b) of tools both called: first(a) < first(b) (``precedes a -> b``),
   last(b) > last(a) (``responds a -> b``), last(b) > first(a) (``never_call b`` after ``a`` broken):
   O(k^2); a pair with one side missing is a counter-example of precedes/responds, O(k * G);
-- budgets: steps, tool calls, model calls, tool errors, tokens and duration, each in a
-  histogram of two-significant-digit buckets, so the bound chosen is a bucket edge and its
-  support is exact;
+- budgets: steps, tool calls, model calls, tool errors and tokens, each in a histogram of
+  two-significant-digit buckets, so the bound chosen is a bucket edge and its support is exact
+  (durations are not mined: they measure the machine more than the agent);
 - arguments: discovered in the first ``warmup`` trajectories (buffered: bounded): scalar
   fields of captured arguments (``max_leaves`` per call); for each, the dataflow sources it
   equalled at least once (an index from a value's canonical form, ``check.values.canonical``, to
@@ -29,6 +29,12 @@ seen G distinct tools (G <= ``max_tools``):
   comparison (``check.values.equal``) against the latest earlier successful call; the shape of
   each text value (``formats``: at most ``max_shapes`` shapes kept); per trajectory the smallest
   and largest numeric value (bucketed). O(L * arguments * sources).
+
+A count bound is the tightest one that held in ``min_support`` of the trajectories. A measured
+quantity (a numeric argument, tokens) is widened: the tightest bound would flag the largest
+``1 - min_support`` of good runs by construction, so the bound is the largest value seen within
+ten times it, and a lower bound is 0 when no value was negative; what it flags is then a slip
+(a missing decimal point, a runaway loop), not the upper end of normal.
 
 Time O(N * (L + k^2 + k * G + L * A)) for N trajectories (A: argument candidates per call),
 memory O(G^2 + budget buckets + argument candidates * shapes + warmup * L), independent of N
@@ -73,7 +79,7 @@ from otel_plumb.suggest.mine import GroupCounts, Limits
 
 GroupBy = Literal["none", "agent", "attribute"]
 
-__all__ = ["Candidate", "Group", "Limits", "Miner", "Options", "Suggestion", "mine"]
+__all__ = ["Candidate", "Group", "GroupBy", "Limits", "Miner", "Options", "Suggestion", "mine"]
 
 
 @dataclass(frozen=True, slots=True)
