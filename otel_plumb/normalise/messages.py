@@ -169,7 +169,7 @@ def _as_result(node: dict[str, Any]) -> tuple[str, Any] | None:
             if call_id is not None:
                 return call_id, _decoded(_first(inner, ("content", "response", "output")))
     kind = node.get("type")
-    if kind in _RESULT_TYPES:
+    if isinstance(kind, str) and kind in _RESULT_TYPES:  # "type" may be anything in hostile input
         call_id = _call_id(node) or _str(node.get("tool_use_id"))
         if call_id is not None:
             return call_id, _decoded(_first(node, ("response", "result", "output", "content")))
