@@ -88,7 +88,7 @@ def _as_call(node: dict[str, Any]) -> RequestedCall | None:
     if "toolName" in node and ("args" in node or "input" in node or "toolCallId" in node):  # Vercel
         return _call(node.get("toolName"), _first(node, ("args", "input")), _call_id(node))
     kind = node.get("type")
-    if kind in _CALL_TYPES and isinstance(node.get("name"), str):
+    if isinstance(kind, str) and kind in _CALL_TYPES and isinstance(node.get("name"), str):
         return _call(node.get("name"), _first(node, ("arguments", "args", "input")), _call_id(node))
     return None
 
