@@ -161,7 +161,8 @@ async def processor(tmp_path: Path) -> AsyncIterator[Processor]:
     """The processor with the bundled policy, exporting annotated spans to a real OTLP backend."""
     backend = OtlpBackend(keep=False)
     await backend.start(0)
-    processor = Processor(config(tmp_path, backend.endpoint, policies=[str(policy_path())]))
+    processor = Processor(config(tmp_path, backend.endpoint, policies=[str(policy_path())],
+                                 consistency={"window": 20, "min_trajectories": 5}))  # fmt: skip
     await processor.start()
     try:
         yield processor

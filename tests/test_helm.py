@@ -419,7 +419,8 @@ def test_alerts_and_dashboard_link_to_console_pages() -> None:
     consoles = {r["alert"]: r["annotations"]["console"] for g in rule["spec"]["groups"] for r in g["rules"]
                 if "console" in r.get("annotations", {})}  # fmt: skip
     assert set(consoles) == {
-        "PlumbConformanceBelowObjective", "PlumbIndeterminateShareRising", "PlumbCriticalViolation"
+        "PlumbConformanceBelowObjective", "PlumbIndeterminateShareRising", "PlumbCriticalViolation",
+        "PlumbPathAgreementDropped",
     }  # fmt: skip
     assert all(url.startswith("https://plumb.example/") and "127.0.0.1" not in url for url in consoles.values())
 

@@ -85,6 +85,9 @@ class Metrics:
         def counter(name: str, doc: str, labels: Sequence[str]) -> _Capped[Counter]:
             return _Capped(Counter(name, doc, labels, registry=r), labels, cap, max_label_length, max_series)
 
+        def gauge(name: str, doc: str, labels: Sequence[str]) -> _Capped[Gauge]:
+            return _Capped(Gauge(name, doc, labels, registry=r), labels, cap, max_label_length, max_series)
+
         self.spans_received = counter("plumb_spans_received", "Spans accepted by a receiver.", ["receiver"])
         self.spans_dropped = counter("plumb_spans_dropped", "Spans not processed, by reason.", ["reason"])
         self.traces_in_flight = Gauge("plumb_traces_in_flight", "Traces buffered, not yet decided.", registry=r)
@@ -138,6 +141,18 @@ class Metrics:
         )
         self.queue_resets = Counter(
             "plumb_queue_reset", "Corrupt queue files moved aside for a fresh queue.", registry=r
+        )
+        # Live consistency (the consistency section): the share of the recent window on the modal
+        # tool path, the window's size (for the Wilson bounds the rules compute), and changes of
+        # the modal path.
+        self.path_agreement = gauge(
+            "plumb_path_agreement", "Share of recent trajectories on the modal tool path.", ["policy", "group"]
+        )
+        self.path_agreement_trajectories = gauge(
+            "plumb_path_agreement_trajectories", "Trajectories in the path agreement window.", ["policy", "group"]
+        )
+        self.path_changes = counter(
+            "plumb_path_changes", "Times the modal tool path of a policy and group changed.", ["policy", "group"]
         )
         # Not in the fixed SPEC set: decided trajectories for the console's store, by outcome
         # (written, dropped when its queue was full, failed to write).

@@ -20,6 +20,7 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from otel_plumb import yamlfile
 from otel_plumb.configtypes import Bytes, ConfigModel, FilePath, Seconds, parse_hostport, resolve_paths
+from otel_plumb.consistency import ConsistencyConfig
 from otel_plumb.console.config import ConsoleConfig
 from otel_plumb.export.config import ExportersConfig, MetricsConfig, VerdictLogConfig
 from otel_plumb.receive.config import ReceiversConfig
@@ -76,6 +77,8 @@ class ProcessorConfig(ConfigModel):
     redaction: RedactionConfig | None = None
     # The console's trajectory store (off unless given).
     store: StoreConfig | None = None
+    # Live consistency: the share of recent trajectories on the modal tool path (off unless given).
+    consistency: ConsistencyConfig | None = None
     # The console on the metrics listener at /console/ (needs store).
     console: ConsoleConfig | None = None
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from otel_plumb.check import budget_exceeded
+from otel_plumb.consistency import PathAgreement
 from otel_plumb.export.metrics import Metrics
 from otel_plumb.export.verdict_log import VerdictLog
 from otel_plumb.model import Decided, Verdict
@@ -120,6 +121,23 @@ class HubConsumer:
             return
         for d in decisions:
             self.hub.publish(d.record)
+
+
+class ConsistencyConsumer:
+    """Final decisions into the path agreement windows; their shares and changes to metrics."""
+
+    def __init__(self, agreement: PathAgreement, metrics: Metrics) -> None:
+        self.agreement = agreement
+        self.metrics = metrics
+
+    async def consume(self, decisions: Sequence[Decision]) -> None:
+        m = self.metrics
+        for d in decisions:
+            for a in self.agreement.add(d.decided):
+                m.path_agreement.labels(a.policy, a.group).set(a.share)
+                m.path_agreement_trajectories.labels(a.policy, a.group).set(a.trajectories)
+                if a.changed:
+                    m.path_changes.labels(a.policy, a.group).inc()
 
 
 class StoreConsumer:

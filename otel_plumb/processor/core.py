@@ -32,6 +32,7 @@ from otel_plumb.assemble import AddOutcome, AssemblyLimits, Finished, build_traj
 from otel_plumb.check import CompiledPolicy, decide, load_policies, redaction_for
 from otel_plumb.check.early import EarlyState, EarlyWatch
 from otel_plumb.configtypes import parse_hostport
+from otel_plumb.consistency import PathAgreement
 from otel_plumb.console import console_app
 from otel_plumb.export.annotate import (
     Origin,
@@ -49,6 +50,7 @@ from otel_plumb.model import Decided, Trajectory, Verdict
 from otel_plumb.processor.config import ConfigError, ProcessorConfig, exposure_errors
 from otel_plumb.processor.consumers import (
     CallbackConsumer,
+    ConsistencyConsumer,
     DecidedCallback,
     Decision,
     DecisionConsumer,
@@ -148,6 +150,8 @@ class Processor:
         )
         if self._store is not None:
             self.consumers.append(StoreConsumer(self._store))
+        if config.consistency is not None:
+            self.consumers.append(ConsistencyConsumer(PathAgreement(config.consistency), self.metrics))
         if self.exporter is not None:
             self.consumers.append(_ExportConsumer(self))
         # Per trace in flight: when its last span arrived (decision latency), and which
