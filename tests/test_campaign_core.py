@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from otel_plumb.campaign.align import align
+from otel_plumb.check.align import align
 from otel_plumb.campaign.analysis import Baseline, _Divergences, analyse, arg_key, certificate, runs_needed
 from otel_plumb.campaign.config import CampaignError, Case, load_campaign, load_dataset
 from otel_plumb.campaign.gate import campaign_gate_failures

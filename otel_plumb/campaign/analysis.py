@@ -16,7 +16,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
-from otel_plumb.campaign.align import align
+from otel_plumb.check.align import align
 from otel_plumb.campaign.perturb import Discard
 from otel_plumb.campaign.store import TrialRow
 from otel_plumb.check.values import canonical, equal

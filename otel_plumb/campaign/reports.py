@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from otel_plumb.campaign.align import align
+from otel_plumb.check.align import align
 from otel_plumb.campaign.analysis import analyse
 from otel_plumb.campaign.config import Paraphrase, guard_record
 from otel_plumb.campaign.store import RunInfo, Store

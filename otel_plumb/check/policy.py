@@ -14,6 +14,7 @@ from otel_plumb.check import checks as ck
 from otel_plumb.check import schema as sc
 from otel_plumb.check.errors import PolicyError
 from otel_plumb.check.expr import BUDGET_EXCEEDED, BudgetExceeded, EvaluationError, Expression, ExpressionError
+from otel_plumb.check.reference import MatchesReference, context_reference, file_reference, reference_calls
 from otel_plumb.check.source import LocatedYaml, read_located
 from otel_plumb.check.values import MISSING, lookup, parse_path
 from otel_plumb.model import Severity, Step, Trajectory, Verdict
@@ -422,7 +423,7 @@ def _compile(doc: LocatedYaml, spec: sc.PolicyFile) -> CompiledPolicy:
             continue
         ids[inv.id] = i
         try:
-            invariants.append(_compile_invariant(doc, spec.policy, inv, at))
+            invariants.append(_compile_invariant(doc, spec.policy, inv, at, spec.task.attribute if spec.task else None))
         except PolicyError as exc:
             problems.append(exc)
     context_file = None
@@ -447,7 +448,7 @@ def _compile(doc: LocatedYaml, spec: sc.PolicyFile) -> CompiledPolicy:
 
 
 def _compile_invariant(
-    doc: LocatedYaml, policy: str, inv: sc.Invariant, at: tuple[str | int, ...]
+    doc: LocatedYaml, policy: str, inv: sc.Invariant, at: tuple[str | int, ...], task_attribute: str | None = None
 ) -> CompiledInvariant:
     try:
         kind = inv.kind()
@@ -507,10 +508,57 @@ def _compile_invariant(
     elif inv.budget is not None:
         limits = {k: v for k, v in inv.budget.model_dump().items() if v is not None}
         check = ck.Budget(limits)
+    elif inv.matches_reference is not None:
+        check = _reference_check(doc, inv.matches_reference, here, task_attribute)
     else:
         assert inv.expr is not None
         check = ck.Expr(expression(inv.expr, here, GUARD_VARIABLES))
     return CompiledInvariant(policy, inv, kind, check, guard)
+
+
+def _reference_check(
+    doc: LocatedYaml, spec: sc.MatchesReference, here: tuple[str | int, ...], task_attribute: str | None
+) -> MatchesReference:
+    source = spec.reference
+    if source.context is not None:
+        reference = context_reference(source.context)
+    else:
+        assert source.file is not None
+        loc = (*here, "reference", "file")
+        attribute = source.key or task_attribute
+        if attribute is None:
+            raise doc.error(loc, "a reference file needs reference.key or task.attribute to pick a trajectory's entry")
+        data = _read_policy_file(doc, source.file, spec.allow_outside_policy_dir, loc, "reference file")
+        if not isinstance(data, dict):
+            raise doc.error(loc, f"reference file {source.file!r} must map each task id to a list of tool calls")
+        references = {}
+        for task, value in data.items():
+            try:
+                references[str(task)] = reference_calls(value)
+            except ValueError as exc:
+                raise doc.error(loc, f"reference file {source.file!r}, entry {task!r}: {exc}") from None
+        reference = file_reference(references, attribute)
+    return MatchesReference(reference, spec.mode, spec.args, spec.per_tool)
+
+
+def _read_policy_file(doc: LocatedYaml, name: str, allow_outside: bool, loc: tuple[str | int, ...], what: str) -> Any:
+    """A YAML or JSON file a policy names, relative to the policy; outside the policy's folder
+    (after symlinks) only when ``allow_outside``."""
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(doc.path)))
+    full = os.path.realpath(os.path.join(folder, name))
+    if not allow_outside and os.path.commonpath([folder, full]) != folder:
+        raise doc.error(
+            loc,
+            f"{what} {name!r} is {full}, outside the policy's folder {folder}: move it beside the policy, or set "
+            "allow_outside_policy_dir: true if this is meant",
+        )
+    try:
+        return yamlfile.load(full).data  # YAML is a superset of JSON: reads both
+    except yamlfile.YamlError as exc:
+        if exc.message.startswith("cannot read: "):
+            raise doc.error(loc, f"{what} {name!r} cannot be read: {exc.message[13:]}") from None
+        where = f" line {exc.line}" if exc.line is not None else ""
+        raise doc.error(loc, f"{what} {name!r}{where}: {exc.message}") from None
 
 
 def _expected_source(
@@ -558,22 +606,7 @@ def _read_context_file(doc: LocatedYaml, spec: sc.PolicyFile) -> dict[str, dict[
     loc = ("context", "file")
     if spec.task is None:
         raise doc.error(loc, "context.file needs task.attribute to know which entry belongs to a trajectory")
-    folder = os.path.realpath(os.path.dirname(os.path.abspath(doc.path)))
-    full = os.path.realpath(os.path.join(folder, spec.context.file))
-    if not spec.context.allow_outside_policy_dir and os.path.commonpath([folder, full]) != folder:
-        raise doc.error(
-            loc,
-            f"context file {spec.context.file!r} is {full}, outside the policy's folder {folder}: move it "
-            "beside the policy, or set context.allow_outside_policy_dir: true if this is meant",
-        )
-    try:
-        data = yamlfile.load(full).data  # YAML is a superset of JSON: reads both
-    except yamlfile.YamlError as exc:
-        name = spec.context.file
-        if exc.message.startswith("cannot read: "):
-            raise doc.error(loc, f"context file {name!r} cannot be read: {exc.message[13:]}") from None
-        where = f" line {exc.line}" if exc.line is not None else ""
-        raise doc.error(loc, f"context file {name!r}{where}: {exc.message}") from None
+    data = _read_policy_file(doc, spec.context.file, spec.context.allow_outside_policy_dir, loc, "context file")
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise doc.error(loc, f"context file {spec.context.file!r} must map each task id to a mapping of values")
     return {str(k): {str(kk): vv for kk, vv in v.items()} for k, v in data.items()}

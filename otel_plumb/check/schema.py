@@ -23,6 +23,7 @@ CHECK_KINDS = (
     "arg_satisfies",
     "budget",
     "expr",
+    "matches_reference",
 )
 
 
@@ -137,6 +138,35 @@ class Budget(_Model):
         return self
 
 
+class ReferenceSource(_Model):
+    """Where the reference trajectory comes from: a context value, or a file of references by
+    task (the trajectory attribute ``key``, default the policy's ``task.attribute``)."""
+
+    context: str | None = None
+    file: str | None = None
+    key: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> ReferenceSource:
+        if (self.context is None) == (self.file is None):
+            raise ValueError("reference needs exactly one of context or file")
+        if self.key is not None and self.file is None:
+            raise ValueError("reference.key goes with reference.file")
+        return self
+
+
+ArgsMode = Literal["exact", "ignore", "subset", "superset"]
+
+
+class MatchesReference(_Model):
+    reference: ReferenceSource
+    mode: Literal["strict", "unordered", "subset", "superset"] = "strict"
+    args: ArgsMode = "ignore"
+    per_tool: dict[str, ArgsMode] = Field(default_factory=dict)
+    # A reference file outside the policy's folder (see context.allow_outside_policy_dir).
+    allow_outside_policy_dir: bool = False
+
+
 class Scope(_Model):
     after: ToolRef | None = None
     before: ToolRef | None = None
@@ -167,6 +197,7 @@ class Invariant(_Model):
     arg_satisfies: ArgSatisfies | None = None
     budget: Budget | None = None
     expr: str | None = None
+    matches_reference: MatchesReference | None = None
 
     def kind(self) -> str:
         kinds = [k for k in CHECK_KINDS if getattr(self, k) is not None]
