@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_campaign_run import FAULTS, PY_ARMS, run_once, setup_campaign
-from test_live_support import agent_provider, config, run_agent, wait_until
+from test_live_support import config, decide_demo_agent
 
 from otel_plumb.campaign.store import Store
 from otel_plumb.demo.agent import INVOICES
@@ -43,16 +43,11 @@ HOSTILE = "<script>window.__pwned = 1</script>"
 
 async def _live(path: Path, tmp: Path) -> int:
     processor = Processor(config(tmp, policies=[str(policy_path())], store={"path": str(path)}))
-    decided: list[Any] = []
-    processor.on_decided(decided.append)
     await processor.start()
     try:
-        provider, _ = agent_provider(processor.grpc_port or 0)
-        await asyncio.to_thread(run_agent, provider)
-        await wait_until(lambda: len(decided) == len(INVOICES), 30, "every trajectory decided")
+        return len(await decide_demo_agent(processor))
     finally:
         await processor.stop()
-    return len(decided)
 
 
 def _hostile_replay(path: Path, tmp: Path) -> None:
@@ -286,13 +281,9 @@ async def test_the_console_mounted_on_a_running_processors_metrics_listener(tmp_
                  console={"trace_url": "http://jaeger.example/trace/{trace_id}"},
                  metrics={"auth": {"bearer_tokens": [{"token": token}]}})  # fmt: skip
     processor = Processor(cfg)
-    decided: list[Any] = []
-    processor.on_decided(decided.append)
     await processor.start()
     try:
-        provider, _ = agent_provider(processor.grpc_port or 0)
-        await asyncio.to_thread(run_agent, provider)
-        await wait_until(lambda: len(decided) == len(INVOICES), 30, "every trajectory decided")
+        await decide_demo_agent(processor)
         base = f"http://127.0.0.1:{processor.metrics_port}/console"
 
         def fetch(path: str, with_token: bool = True) -> tuple[int, str]:

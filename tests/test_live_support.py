@@ -26,8 +26,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from otel_plumb.demo.agent import run_all
-from otel_plumb.processor import ProcessorConfig, load_config
+from otel_plumb.demo.agent import INVOICES, run_all
+from otel_plumb.model import Decided
+from otel_plumb.processor import Processor, ProcessorConfig, load_config
 
 ROOT_KEYS = ("plumb.verdict", "plumb.policy", "plumb.violations.count", "plumb.violations.ids")
 ANNOTATION_KEYS = frozenset((*ROOT_KEYS, "plumb.violation.ids"))
@@ -78,6 +79,17 @@ def run_agent(provider: TracerProvider) -> None:
     run_all(provider)
     provider.force_flush()
     provider.shutdown()
+
+
+async def decide_demo_agent(processor: Processor, deadline: float = 30.0) -> list[Decided]:
+    """The bundled agent's traces into a started processor over the real OTLP exporter; returns
+    the decisions once every trajectory is decided."""
+    decided: list[Decided] = []
+    processor.on_decided(decided.append)
+    provider, _ = agent_provider(processor.grpc_port or 0)
+    await asyncio.to_thread(run_agent, provider)
+    await wait_until(lambda: len(decided) == len(INVOICES), deadline, "every trajectory decided")
+    return decided
 
 
 def sent_spans(memory: InMemorySpanExporter) -> dict[str, Span]:

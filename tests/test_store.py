@@ -4,7 +4,6 @@ opening, and a live processor filling it with what it decided (redacted)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 import subprocess
@@ -15,11 +14,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_live_support import agent_provider, config, run_agent, wait_until
+from test_live_support import config, decide_demo_agent
 
-from otel_plumb.demo.agent import INVOICES
 from otel_plumb.demo.run import policy_path
-from otel_plumb.model import SEVERITIES, Decided
+from otel_plumb.model import SEVERITIES
 from otel_plumb.processor import Processor
 from otel_plumb.store import Filters, QueryError, StoreConfig, StoreWriter, TrajectoryStore
 
@@ -174,13 +172,9 @@ async def test_a_running_processor_stores_what_it_decided(tmp_path: Path) -> Non
     redaction = {"patterns": ["email"], "paths": [{"path": "vendor", "action": "hash"}]}
     processor = Processor(config(tmp_path, policies=[str(policy_path())], store={"path": str(path)},
                                  redaction=redaction))  # fmt: skip
-    decided: list[Decided] = []
-    processor.on_decided(decided.append)
     await processor.start()
     try:
-        provider, _ = agent_provider(processor.grpc_port or 0)
-        await asyncio.to_thread(run_agent, provider)
-        await wait_until(lambda: len(decided) == len(INVOICES), 20, "every trajectory decided")
+        decided = await decide_demo_agent(processor)
     finally:
         await processor.stop()
     store = TrajectoryStore(path, readonly=True)

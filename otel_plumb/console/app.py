@@ -17,21 +17,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import jinja2
 from aiohttp import web
 
 from otel_plumb.console import queries
 from otel_plumb.console.charts import bounds_chart, conformance_chart
 from otel_plumb.console.openapi import OPENAPI
+from otel_plumb.report.html import template_env
 from otel_plumb.store import QueryError, TrajectoryStore
 
-_ENV = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(os.path.dirname(os.path.abspath(__file__))),
-    autoescape=True,
-    trim_blocks=True,
-    lstrip_blocks=True,
-    undefined=jinja2.StrictUndefined,
-)
+_ENV = template_env(os.path.dirname(os.path.abspath(__file__)))
 # Values as JSON text (then escaped like any text): "<script>" shows as typed.
 _ENV.filters["pretty"] = lambda v: json.dumps(v, indent=1, ensure_ascii=False, default=str)
 _ENV.filters["isotime"] = lambda t: "" if t is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(t)))

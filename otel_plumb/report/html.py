@@ -20,13 +20,16 @@ MAX_VIOLATING_SHOWN = 200
 MAX_INDETERMINATE_SHOWN = 50
 VALUE_CHARS = 160
 
-_ENV = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(os.path.dirname(os.path.abspath(__file__))),
-    autoescape=True,
-    trim_blocks=True,
-    lstrip_blocks=True,
-    undefined=jinja2.StrictUndefined,
-)
+def template_env(folder: str) -> jinja2.Environment:
+    """Templates beside the code in ``folder``, every value escaped (values come from traces),
+    a missing name an error rather than an empty string."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(folder), autoescape=True, trim_blocks=True, lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )  # fmt: skip
+
+
+_ENV = template_env(os.path.dirname(os.path.abspath(__file__)))
 
 
 def short(value: Any, limit: int = VALUE_CHARS) -> str:
