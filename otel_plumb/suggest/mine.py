@@ -173,12 +173,12 @@ class Source:
 class Flow:
     """``arg_equals {tool, arg, step: {tool: source.tool, <field>: source.path}}`` counts."""
 
-    __slots__ = ("applied", "examples", "first", "held", "parsed", "source", "undecided", "varied")
+    __slots__ = ("applied", "examples", "first", "held", "parsed", "source", "varied")
 
     def __init__(self, source: Source, limit: int) -> None:
         self.source = source
         self.parsed = parse_path(source.path)
-        self.applied = self.held = self.undecided = 0
+        self.applied = self.held = 0
         self.examples = Examples(limit)
         self.first: Any = MISSING
         self.varied = False
@@ -431,7 +431,6 @@ class GroupCounts:
         lim, key, memo = self.limits, self.memo.key, self.memo
         latest: dict[str, Step] = {}
         flow_state: dict[Flow, int] = {}
-        # Per target in this trajectory: its shapes (None: undecided), its numeric extremes.
         # Per target in this trajectory: [its shapes, undecided], [smallest, largest, undecided].
         text_state: dict[Target, list[Any]] = {}
         number_state: dict[Target, list[Any]] = {}
@@ -443,7 +442,7 @@ class GroupCounts:
                 captured = s.args_status == "captured"
                 for target in targets:
                     v = lookup(s.args, target.parsed) if captured else MISSING
-                    vkey = key(v) if v is not MISSING else None
+                    vkey = key(v) if target.flows and v is not MISSING else None
                     for flow in target.flows:
                         outcome = (
                             _flow_outcome(flow, vkey, latest.get(flow.source.tool), key) if captured else INDETERMINATE
@@ -480,8 +479,6 @@ class GroupCounts:
             elif outcome == FAIL:
                 flow.applied += 1
                 flow.examples.add(trace_id)
-            else:
-                flow.undecided += 1
         for target, (found, undecided) in text_state.items():
             assert target.format_keys is not None
             shape_set = frozenset(found)
