@@ -13,14 +13,15 @@ go of a trajectory on the modal path (the modal path is then looked for again).
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterator
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from otel_plumb.model import Decided
+from otel_plumb.stats import rate
 
 OTHER = -1
 
@@ -69,7 +70,8 @@ class PathAgreement:
         self.config = config
         self._windows: dict[tuple[str, str], _Window] = {}
 
-    def _group(self, decided: Decided) -> str:
+    def group(self, decided: Decided) -> str:
+        """The task group of a trajectory: its agent (or service), or an attribute's value."""
         t = decided.trajectory
         if self.config.group_by == "attribute" and self.config.attribute:
             value = t.attributes.get(self.config.attribute)
@@ -82,7 +84,7 @@ class PathAgreement:
         if decided.decision != "final" or not decided.policies or not t.complete:
             return
         path = tuple(s.name for s in t.steps if s.kind == "tool" and s.succeeded)
-        group = self._group(decided)
+        group = self.group(decided)
         for policy in dict.fromkeys(decided.policies):
             window = self._window(policy, group)
             if window is not None:
@@ -135,3 +137,25 @@ class PathAgreement:
             return
         path = w.ids.pop(path_id)
         w.paths.pop(path, None)
+
+
+def path_agreement(decided: Iterable[Decided], config: ConsistencyConfig | None = None) -> list[dict[str, Any]]:
+    """Offline (replay): per policy and group, the share of all the given trajectories on the
+    modal tool path, with its Wilson 95% bounds and the modal path itself."""
+    config = config or ConsistencyConfig()
+    probe = PathAgreement(config)
+    paths: dict[tuple[str, str], Counter[tuple[str, ...]]] = {}
+    for d in decided:
+        t = d.trajectory
+        if d.decision != "final" or not d.policies or not t.complete:
+            continue
+        path = tuple(s.name for s in t.steps if s.kind == "tool" and s.succeeded)
+        for policy in dict.fromkeys(d.policies):
+            paths.setdefault((policy, probe.group(d)), Counter())[path] += 1
+    out = []
+    for (policy, group), counts in sorted(paths.items()):
+        modal, held = counts.most_common(1)[0]
+        n = sum(counts.values())
+        out.append({"policy": policy, "group": group, "modal_path": list(modal), "paths": len(counts),
+                    **rate(held, n).as_dict()})  # fmt: skip
+    return out

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -20,6 +22,8 @@ from test_live_support import config, metric, scrape, wait_until
 from otel_plumb.consistency import ConsistencyConfig, PathAgreement
 from otel_plumb.model import Decided, Step, Trajectory
 from otel_plumb.processor import Processor
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def decided(path: tuple[str, ...], agent: str = "a", policies: tuple[str, ...] = ("p",), complete: bool = True,
@@ -114,3 +118,22 @@ async def test_a_running_processor_sees_its_agent_change_path(tmp_path: Path) ->
     finally:
         provider.shutdown()
         await processor.stop()
+
+
+def test_replay_reports_the_path_agreement_of_its_input(tmp_path: Path) -> None:
+    fixtures = sorted((Path(__file__).parent / "fixtures" / "ap").glob("*.jsonl"))
+    out = tmp_path / "r.json"
+    done = subprocess.run([sys.executable, "-m", "otel_plumb", "replay", *map(str, fixtures), "--policy",
+                           str(ROOT / "configs" / "policies" / "ap.yaml"), "--json", str(out)],
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 1, done.stderr  # some fixtures violate
+    report = json.loads(out.read_text())
+    paths = Counter(
+        tuple(s["name"] for s in t["steps"] if s["kind"] == "tool" and not s["error"])
+        for t in report["trajectories"] if t["complete"] and t["policies"]
+    )
+    (row,) = report["path_agreement"]
+    assert row["n"] == sum(paths.values()) and row["successes"] == max(paths.values())
+    assert tuple(row["modal_path"]) == paths.most_common(1)[0][0] and row["paths"] == len(paths)
+    assert row["lo"] <= row["rate"] <= row["hi"]
+    assert "path agreement: ap-controls" in done.stdout

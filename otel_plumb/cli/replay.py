@@ -20,6 +20,7 @@ import click
 from otel_plumb.check import CompiledPolicy, decide
 from otel_plumb.cli.main import RunError
 from otel_plumb.cli.policy import load_policies_or_fail, print_verdicts, write_reports
+from otel_plumb.consistency import path_agreement
 from otel_plumb.model import Step, Trajectory
 from otel_plumb.replay import GroupBy, ReplayResult, ReplayStats, iter_trajectories
 from otel_plumb.replay import replay as run_replay
@@ -47,6 +48,9 @@ def build_report(result: ReplayResult, policies: Sequence[CompiledPolicy] = ()) 
     )
     report["errors_total"] = result.stats.errors_total
     report["inputs"] = inputs_record(result.stats)
+    # How consistently the agents take one tool path, per policy and agent (the live
+    # plumb_path_agreement over the whole input).
+    report["path_agreement"] = path_agreement(decided)
     return report
 
 
@@ -153,8 +157,17 @@ def replay(
             click.echo(f"stored {len(report['trajectories'])} trajectories in {store_path} as replay {run_id}")
         print_summary(result, report)
         print_verdicts(report)
+        print_agreement(report["path_agreement"])
     if report["summary"]["violating"]:
         raise SystemExit(1)
+
+
+def print_agreement(rows: Sequence[dict[str, Any]], shown: int = 10) -> None:
+    for r in rows[:shown]:
+        click.echo(
+            f"path agreement: {safe(r['policy'])} / {safe(r['group'] or '-')}: {r['successes']}/{r['n']} on the modal "
+            f"path ({r['rate']:.0%}, Wilson 95% [{r['lo']:.3f}, {r['hi']:.3f}]; {r['paths']} distinct paths)"
+        )
 
 
 def store_replay(path: str, report: dict[str, Any]) -> str:
