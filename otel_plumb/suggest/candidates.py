@@ -411,6 +411,17 @@ def _budget_of(kept: _Kept, metric: str) -> Any:
     return None
 
 
+def _written(premises: list[str], by_id: dict[str, Candidate]) -> list[str]:
+    """``premises`` with each dropped one replaced by what implies it, recursively. This ends: a
+    premise was kept when it was used, so its own premises were dropped later or never."""
+    out: list[str] = []
+    for p in premises:
+        for q in _written(by_id[p].implied_by, by_id) if by_id[p].implied_by else [p]:
+            if q not in out:
+                out.append(q)
+    return out
+
+
 def prune(candidates: list[Candidate]) -> tuple[list[Candidate], list[Candidate]]:
     """(kept, implied): weakest first, a candidate is dropped when kept candidates at least as
     well supported imply it; ``implied_by`` names them."""
@@ -425,10 +436,10 @@ def prune(candidates: list[Candidate]) -> tuple[list[Candidate], list[Candidate]
             kept.remove(c)
     # Name premises that are written where possible: one tested earlier may have gone since
     # (it is implied by what remains, so ``c`` still is).
+    by_id = {c.id: c for c in candidates}
     for c in candidates:
         if c.implied_by:
             final = _implied(c, kept)
-            if final:
-                c.implied_by = [x.id for x in final]
+            c.implied_by = [x.id for x in final] if final else _written(c.implied_by, by_id)
     implied = [c for c in candidates if c.implied_by]
     return [c for c in candidates if not c.implied_by], implied

@@ -103,6 +103,8 @@ def bucket_up(value: float | int) -> float | int:
     if value < 0:
         return -bucket_down(-value)
     step = 10 ** (math.floor(math.log10(value)) - 1)
+    if not step:  # below the smallest normal float: kept as it is
+        return value
     edge = math.ceil(value / step) * step
     if edge < value:
         edge += step
@@ -115,6 +117,8 @@ def bucket_down(value: float | int) -> float | int:
     if value < 0:
         return -bucket_up(-value)
     step = 10 ** (math.floor(math.log10(value)) - 1)
+    if not step:  # below the smallest normal float: kept as it is
+        return value
     edge = math.floor(value / step) * step
     if edge > value:
         edge -= step
