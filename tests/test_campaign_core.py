@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from otel_plumb.check.align import align
 from otel_plumb.campaign.analysis import Baseline, _Divergences, analyse, arg_key, certificate, runs_needed
 from otel_plumb.campaign.config import CampaignError, Case, load_campaign, load_dataset
 from otel_plumb.campaign.gate import campaign_gate_failures
 from otel_plumb.campaign.perturb import Stream, apply_steps, generate_variants, sentence_boundaries
 from otel_plumb.campaign.store import TrialRow
+from otel_plumb.check.align import align
 from otel_plumb.stats.passk import pass_hat_k, pass_hat_k_table
 from otel_plumb.stats.permutation import permutation_test
 from otel_plumb.stats.wilson import rate

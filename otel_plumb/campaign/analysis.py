@@ -16,9 +16,9 @@ from collections.abc import Hashable, Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
-from otel_plumb.check.align import align
 from otel_plumb.campaign.perturb import Discard
 from otel_plumb.campaign.store import TrialRow
+from otel_plumb.check.align import align
 from otel_plumb.check.values import canonical, equal
 from otel_plumb.stats.passk import pass_hat_k_table
 from otel_plumb.stats.permutation import permutation_test

@@ -12,10 +12,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from otel_plumb.check.align import align
 from otel_plumb.campaign.analysis import analyse
 from otel_plumb.campaign.config import Paraphrase, guard_record
 from otel_plumb.campaign.store import RunInfo, Store
+from otel_plumb.check.align import align
 
 REPORT_VERSION = "1"
 
