@@ -150,12 +150,40 @@ def _load_text(text: str) -> CompiledPolicy:
 
 
 def _ingest_us_per_span(n: int, policy: CompiledPolicy) -> float:
-    """A live processor taking one trace of ``n`` spans in requests of 10, root last: CPU per span."""
+    """A live processor taking traces of ``n`` spans in requests of 10, each root last: CPU per
+    span (over 5,000 spans at least, one trace after another)."""
     import asyncio
 
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     from otel_plumb.processor import Processor, load_config
+
+    requests: list[ExportTraceServiceRequest] = []
+    traces = max(1, 5000 // n)
+    for _ in range(traces):
+        requests.extend(_trace_requests(n))
+
+    async def run() -> float:
+        config = load_config(None, {
+            "receivers": {"grpc": {"enabled": False}, "http": {"enabled": False}},
+            "metrics": {"endpoint": ""}, "assembly": {"idle_timeout": 60, "max_spans_per_trace": 20_000},
+        })  # fmt: skip
+        processor = Processor(config, [policy])
+        await processor.start()
+        try:
+            t0 = time.process_time()
+            for request in requests:
+                await processor.ingest(request, "bench")
+            return (time.process_time() - t0) / (n * traces) * 1e6
+        finally:
+            await processor.stop()
+
+    return asyncio.run(run())
+
+
+def _trace_requests(n: int) -> list[Any]:
+    """One trace of ``n`` spans as requests of 10 spans, the root alone in the last."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     tid = random.randbytes(16)
     root = random.randbytes(8)
@@ -183,23 +211,7 @@ def _ingest_us_per_span(n: int, policy: CompiledPolicy) -> float:
     span.start_time_unix_nano, span.end_time_unix_nano = 0, n * 1000 + 1000
     span.attributes.add(key="gen_ai.operation.name").value.string_value = "invoke_agent"
     requests.append(last)
-
-    async def run() -> float:
-        config = load_config(None, {
-            "receivers": {"grpc": {"enabled": False}, "http": {"enabled": False}},
-            "metrics": {"endpoint": ""}, "assembly": {"idle_timeout": 60, "max_spans_per_trace": 20_000},
-        })  # fmt: skip
-        processor = Processor(config, [policy])
-        await processor.start()
-        try:
-            t0 = time.process_time()
-            for request in requests:
-                await processor.ingest(request, "bench")
-            return (time.process_time() - t0) / n * 1e6
-        finally:
-            await processor.stop()
-
-    return asyncio.run(run())
+    return requests
 
 
 def _trajectory(n: int) -> Trajectory:
@@ -216,9 +228,12 @@ def _trajectory(n: int) -> Trajectory:
 
 
 def _evaluate_us_per_step(policy: CompiledPolicy, trajectory: Trajectory) -> float:
+    """CPU per step of evaluating ``policy`` (over 5,000 steps at least: repeated on small ones)."""
+    times = max(1, 5000 // len(trajectory.steps))
     t0 = time.process_time()
-    policy.evaluate(trajectory)
-    return (time.process_time() - t0) / len(trajectory.steps) * 1e6
+    for _ in range(times):
+        policy.evaluate(trajectory)
+    return (time.process_time() - t0) / (len(trajectory.steps) * times) * 1e6
 
 
 def _tick_ms(traces: int) -> float:
