@@ -40,8 +40,11 @@ def ours(calls: list[tuple[str, dict[str, Any]]], reference: list[tuple[str, dic
 
 
 def messages(calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    tool_calls = [{"function": {"name": n, "arguments": json.dumps(a)}} for n, a in calls]
-    return [{"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": tool_calls}]
+    """One assistant message per call: calls of one message are unordered to agentevals, and a
+    trajectory's steps are ordered."""
+    turns = [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": n, "arguments": json.dumps(a)}}]}
+             for n, a in calls]  # fmt: skip
+    return [{"role": "user", "content": "go"}, *turns]
 
 
 # agentevals 0.0.9 departs from its own documentation in two places, where otel-plumb keeps the
