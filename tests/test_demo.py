@@ -22,7 +22,8 @@ def test_demo_prints_live_verdicts_and_writes_a_report(tmp_path: Path) -> None:
         assert re.search(rf"FAIL  {case} \(trace [0-9a-f]{{8}}\)  violating", out), out
     for case in ("INV-1001", "INV-1005", "INV-1006"):
         assert re.search(rf"PASS  {case} \(trace [0-9a-f]{{8}}\)  conformant", out), out
-    assert "3 root spans marked plumb.verdict=violating" in out
+    (delivered,) = [line for line in out.splitlines() if line.startswith("decided ")]
+    assert "3 root spans marked plumb.verdict=violating" in delivered, delivered
     assert 'plumb_violations_total{invariant="pay-once",policy="ap-controls",severity="critical"} 1.0' in out
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["report_version"] == "1"

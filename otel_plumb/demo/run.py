@@ -73,7 +73,8 @@ async def run_demo(out_dir: Path, say: Callable[[str], None] = print, rounds: in
             "verdict_log": {"path": str(out_dir / "verdicts.jsonl")},
             # What the console shows: every demo run adds its trajectories.
             "store": {"path": str(out_dir / STORE)},
-            "shutdown": {"grace_period": 5},
+            # Drain waits until the backend has every span (at most this long).
+            "shutdown": {"grace_period": 30},
         },
     )
     out_dir.mkdir(parents=True, exist_ok=True)
