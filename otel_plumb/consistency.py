@@ -53,6 +53,24 @@ class Agreement:
     changed: bool
 
 
+def tool_path(decided: Decided) -> tuple[str, ...] | None:
+    """The successful tool calls of a final, complete, checked trajectory, in order; None for
+    the others (a cut-short path is no evidence, an unchecked one has no policy to count under)."""
+    t = decided.trajectory
+    if decided.decision != "final" or not decided.policies or not t.complete:
+        return None
+    return tuple(s.name for s in t.steps if s.kind == "tool" and s.succeeded)
+
+
+def task_group(decided: Decided, config: ConsistencyConfig) -> str:
+    """The task group of a trajectory: its agent (or service), or an attribute's value."""
+    t = decided.trajectory
+    if config.group_by == "attribute" and config.attribute:
+        value = t.attributes.get(config.attribute)
+        return "" if value is None else str(value)
+    return t.agent or t.service or ""
+
+
 class _Window:
     __slots__ = ("counts", "ids", "modal", "next_id", "paths", "recent")
 
@@ -70,21 +88,12 @@ class PathAgreement:
         self.config = config
         self._windows: dict[tuple[str, str], _Window] = {}
 
-    def group(self, decided: Decided) -> str:
-        """The task group of a trajectory: its agent (or service), or an attribute's value."""
-        t = decided.trajectory
-        if self.config.group_by == "attribute" and self.config.attribute:
-            value = t.attributes.get(self.config.attribute)
-            return "" if value is None else str(value)
-        return t.agent or t.service or ""
-
     def add(self, decided: Decided) -> Iterator[Agreement]:
         """Count one final decision; one ``Agreement`` per policy that applied."""
-        t = decided.trajectory
-        if decided.decision != "final" or not decided.policies or not t.complete:
+        path = tool_path(decided)
+        if path is None:
             return
-        path = tuple(s.name for s in t.steps if s.kind == "tool" and s.succeeded)
-        group = self.group(decided)
+        group = task_group(decided, self.config)
         for policy in dict.fromkeys(decided.policies):
             window = self._window(policy, group)
             if window is not None:
@@ -143,15 +152,13 @@ def path_agreement(decided: Iterable[Decided], config: ConsistencyConfig | None 
     """Offline (replay): per policy and group, the share of all the given trajectories on the
     modal tool path, with its Wilson 95% bounds and the modal path itself."""
     config = config or ConsistencyConfig()
-    probe = PathAgreement(config)
     paths: dict[tuple[str, str], Counter[tuple[str, ...]]] = {}
     for d in decided:
-        t = d.trajectory
-        if d.decision != "final" or not d.policies or not t.complete:
+        path = tool_path(d)
+        if path is None:
             continue
-        path = tuple(s.name for s in t.steps if s.kind == "tool" and s.succeeded)
         for policy in dict.fromkeys(d.policies):
-            paths.setdefault((policy, probe.group(d)), Counter())[path] += 1
+            paths.setdefault((policy, task_group(d, config)), Counter())[path] += 1
     out = []
     for (policy, group), counts in sorted(paths.items()):
         modal, held = counts.most_common(1)[0]

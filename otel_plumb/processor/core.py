@@ -128,13 +128,12 @@ class Processor:
         self._annotation_chars = config.exporters.otlp.max_annotation_chars if config.exporters.otlp else 1024
         self._verdict_log = VerdictLog(config.verdict_log.path) if config.verdict_log.path else None
         self.redaction = redaction_for(self.policies, config.redaction)
+        # With redact_forwarded, the spans forwarded downstream are scrubbed too: those of a
+        # decided trajectory with its rules, those forwarded before their trajectory is known
+        # (passthrough, late, unchecked) with the global patterns only.
         forwarded = config.redaction is not None and config.redaction.redact_forwarded
-        self._redact_forwarded = self.redaction is not None and forwarded
-        # Spans forwarded before their trajectory is known (passthrough, late, unchecked): the
-        # global patterns only.
-        self._forward_scrub = (
-            self.redaction.redactor(()).scrub() if self.redaction is not None and forwarded else None
-        )
+        self._forward_redaction = self.redaction if forwarded else None
+        self._forward_scrub = self._forward_redaction.redactor(()).scrub() if self._forward_redaction else None
         self._callbacks = CallbackConsumer()
         # Every decision goes to each of these, in order: counted, logged, recorded, streamed,
         # handed to callbacks, exported.
@@ -870,8 +869,8 @@ class _ExportConsumer:
             if decided.decision != "final":
                 continue
             t = decided.trajectory
-            if p._redact_forwarded and p.redaction is not None:
-                scrub = p.redaction.redactor(decided.policies).scrub(d.decided.trajectory)
+            if p._forward_redaction is not None:
+                scrub = p._forward_redaction.redactor(decided.policies).scrub(d.decided.trajectory)
                 for payload in d.payloads:
                     redact_span(payload[0], scrub.text)
             if p._annotate:

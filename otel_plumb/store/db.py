@@ -356,14 +356,14 @@ class TrajectoryStore:
         return {s: n for s, n in rows}
 
 
-_COLUMNS = ("d.id, d.source, d.run_id, d.trial_id, d.decided_at, d.trace_id, d.key, d.agent, d.service, d.status,"
-            " d.failed, d.worst")
+# What a list item holds: these columns of ``decided``, in this order.
+_SUMMARY = ("id", "source", "run_id", "trial_id", "decided_at", "trace_id", "key", "agent", "service", "status",
+            "failed", "worst")  # fmt: skip
+_COLUMNS = ", ".join(f"d.{c}" for c in _SUMMARY)
 
 
 def _summary(row: tuple[Any, ...]) -> dict[str, Any]:
-    keys = ("id", "source", "run_id", "trial_id", "decided_at", "trace_id", "key", "agent", "service", "status",
-            "failed", "worst")  # fmt: skip
-    return dict(zip(keys, row, strict=True))
+    return dict(zip(_SUMMARY, row, strict=True))
 
 
 def _on_verdicts(term: str) -> str:
