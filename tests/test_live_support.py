@@ -149,20 +149,34 @@ async def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -
 def start_cli(
     args: list[str],
     env: dict[str, str] | None = None,
-    preexec_fn: Callable[[], None] | None = None,
+    nofile: int | None = None,
     cwd: Path | None = None,
 ) -> tuple[subprocess.Popen[str], dict[str, int], list[str]]:
     """``otel-plumb run ARGS`` in a subprocess (in ``cwd``, default this one); returns it once
     listening, with its ports and its log lines (read on a thread for the process's life, so the
-    pipe never fills). ``preexec_fn`` runs in the child before it starts (e.g. to lower its
-    resource limits)."""
+    pipe never fills). ``nofile`` lowers the child's open-file limit.
+
+    The limit is set by the child's own first statement rather than a ``preexec_fn``: running
+    Python between fork and exec in a process whose gRPC threads are busy can leave the child
+    with gRPC's poller broken."""
+    command = [sys.executable, "-m", "otel_plumb", "run", *args]
+    if nofile is not None:
+        command = [
+            sys.executable,
+            "-c",
+            "import resource, runpy, sys; "
+            f"resource.setrlimit(resource.RLIMIT_NOFILE, ({nofile}, {nofile})); "
+            "sys.argv = ['otel-plumb', *sys.argv[1:]]; "
+            "runpy.run_module('otel_plumb', run_name='__main__')",
+            "run",
+            *args,
+        ]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "otel_plumb", "run", *args],
+        command,
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
         env={**os.environ, **(env or {})},
-        preexec_fn=preexec_fn,
         cwd=cwd,
     )
     lines: list[str] = []

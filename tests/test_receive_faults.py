@@ -157,12 +157,7 @@ def start_run(
     returned once listening, with its ports and its log lines (read on a thread)."""
     path = tmp_path / "otel-plumb.yaml"
     path.write_text(yaml.safe_dump(config_data))
-
-    def limit() -> None:
-        if nofile is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-
-    return start_cli(["--config", str(path)], preexec_fn=limit)
+    return start_cli(["--config", str(path)], nofile=nofile)
 
 
 def stop_run(proc: subprocess.Popen[str]) -> None:
