@@ -1,7 +1,8 @@
 """The console over a store filled by a real processor run (the bundled agent over the real OTLP
-exporter), a campaign run and a replay: the API over real HTTP (every filter, pagination, the
-OpenAPI document), and the pages in a real headless Chromium: from the overview to a violating
-step, from a campaign to its diff, a ``<script>`` in a tool argument shown as text."""
+exporter), the demo's campaign run (as ``otel-plumb demo`` runs it) and a replay: the API over
+real HTTP (every filter, pagination, the OpenAPI document), and the pages in a real headless
+Chromium: from the overview to a violating step, from the demo's campaign to its diffs, a
+``<script>`` in a tool argument shown as text."""
 
 from __future__ import annotations
 
@@ -27,12 +28,10 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from test_campaign_run import FAULTS, PY_ARMS, run_once, setup_campaign
 from test_live_support import config, decide_demo_agent
 
-from otel_plumb.campaign.store import Store
 from otel_plumb.demo.agent import INVOICES
-from otel_plumb.demo.run import policy_path
+from otel_plumb.demo.run import policy_path, run_campaign
 from otel_plumb.model import SEVERITIES
 from otel_plumb.processor import Processor
 
@@ -73,11 +72,7 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("console")
     path = tmp / "store.sqlite"
     live = asyncio.run(_live(path, tmp))
-    campaign_dir = tmp / "campaign"
-    campaign_dir.mkdir()
-    store = Store(path)
-    report = asyncio.run(run_once(setup_campaign(campaign_dir, PY_ARMS, FAULTS, cases=3), store))
-    store.close()
+    report = asyncio.run(run_campaign(path, say=lambda _line: None))
     _hostile_replay(path, tmp)
     return {"path": path, "live": live, "campaign": report}
 
@@ -187,12 +182,14 @@ def test_conformance_campaigns_compare_and_the_openapi_document(filled: dict[str
     status, report = get(console, f"/api/v1/campaigns/{filled['campaign']['run_id']}")
     assert status == 200 and report["arms"] == filled["campaign"]["arms"]
     trials = filled["campaign"]["trials"]
-    naive, retry = (next(t for t in trials if t["arm"] == arm and t["perturbation"] == "tool_fault")
-                    for arm in ("naive", "retry"))  # fmt: skip
-    status, compared = get(console, "/api/v1/compare", a=naive["trace_id"], b=retry["trace_id"])
-    assert status == 200 and compared["left"]["arm"] == "naive" and compared["right"]["arm"] == "retry"
-    assert any(row["mark"] for row in compared["rows"])  # the arms differ under the fault
-    assert get(console, "/api/v1/compare", a=naive["trace_id"])[0] == 400
+    faulty, fixed = (next(t for t in trials if t["arm"] == arm and t["perturbation"] == "tool_fault")
+                     for arm in ("faulty", "fixed"))  # fmt: skip
+    status, compared = get(console, "/api/v1/compare", a=faulty["trace_id"], b=fixed["trace_id"])
+    assert status == 200 and compared["left"]["arm"] == "faulty" and compared["right"]["arm"] == "fixed"
+    # Under the fault the fixed build retries the failed duplicate check; the faulty one goes on without.
+    assert [(row["mark"], row["right"]["name"], row["right"]["error"]) for row in compared["rows"] if row["mark"]] == [
+        ("extra", "check_duplicate", None)]
+    assert get(console, "/api/v1/compare", a=faulty["trace_id"])[0] == 400
     assert get(console, "/api/v1/campaigns/no-such-run")[0] == 404
 
 
@@ -230,11 +227,22 @@ def test_a_person_clicks_from_the_overview_to_the_offending_step_and_to_a_campai
             assert page.locator("#trace-link").get_attribute("href").startswith("http://jaeger.example:16686/trace/")
             page.screenshot(path=str(ARTIFACTS / "console-trajectory.png"), full_page=True)
 
-            page.goto(console + f"/campaigns/{filled['campaign']['run_id']}")
+            # From the overview to the demo's campaign, to a divergence against the baseline,
+            # then to the two arms side by side.
+            page.goto(console + "/")
+            page.locator(f"a[href$='/campaigns/{filled['campaign']['run_id']}']").first.click()
+            page.wait_for_selector("p.certificate")
             assert "Certificate" in page.locator("p.certificate").first.inner_text()
-            page.locator("a.diff").first.click()
+            assert page.locator("#parity").is_visible()
+            page.screenshot(path=str(ARTIFACTS / "console-campaign.png"), full_page=True)
+            page.locator("table.perturbations a.diff").first.click()
             page.wait_for_selector("#compare")
             assert page.locator("#compare tr.offending").count() >= 1
+            page.go_back()
+            page.locator("#trials a.diff", has_text="vs fixed").first.click()
+            page.wait_for_selector("#compare")
+            heads = page.locator("#compare th").all_inner_texts()
+            assert "arm faulty" in heads[1] and "arm fixed" in heads[2], heads
             page.screenshot(path=str(ARTIFACTS / "console-compare.png"), full_page=True)
 
             (hostile,) = everything(console, source="replay")
@@ -253,19 +261,25 @@ def test_the_demo_keeps_its_console_running_until_interrupted(tmp_path: Path) ->
     )  # fmt: skip
     try:
         assert proc.stdout is not None
-        url = None
+        urls: dict[str, str] = {}
         deadline = time.monotonic() + 90
         for line in proc.stdout:
-            if line.startswith("console: http://"):
-                url = line.split()[1]
+            if line.startswith(("console: http://", "campaign: http://")):
+                urls[line.split(":")[0]] = line.split()[1]
+            if len(urls) == 2:
                 break
-            assert time.monotonic() < deadline, "no console URL"
-        assert url is not None, "the demo ended without a console URL"
+            assert time.monotonic() < deadline, "no console and campaign URLs"
+        assert len(urls) == 2, f"the demo ended without a console and a campaign URL: {urls}"
+        url = urls["console"]
         with urllib.request.urlopen(url + "violations", timeout=10) as r:
             page = r.read().decode()
         assert r.status == 200 and "critical" in page
         status, listed = get(url.rstrip("/"), "/api/v1/trajectories", status="violating")
         assert status == 200 and listed["items"]
+        assert urls["campaign"].startswith(url + "campaigns/")
+        with urllib.request.urlopen(urls["campaign"], timeout=10) as r:
+            page = r.read().decode()
+        assert r.status == 200 and "Arm faulty" in page and "Arm fixed" in page and "vs fixed" in page
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0

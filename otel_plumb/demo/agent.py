@@ -6,18 +6,27 @@ the model turns (with the tool calls the model asked for in ``gen_ai.output.mess
 ``execute_tool`` spans with ``gen_ai.tool.call.arguments`` and ``gen_ai.tool.call.result``.
 Some invoices trigger deliberate faults: skipping the duplicate check, paying twice, paying
 the wrong amount.
+
+Under a campaign (protocol ``otel-plumb.agent/1``) two builds of it are arms: :func:`faulty_build`,
+the agent as above, which carries on past a failed tool call, and :func:`fixed_build`, with the
+faults fixed and a failed tool call retried.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Status, StatusCode
+
+from otel_plumb.agent import Faults, InjectedFault, in_trial
 
 AGENT = "ap-agent"
 MODEL = "scripted-ap-model"
@@ -83,8 +92,10 @@ def plan(invoice: Invoice) -> list[tuple[str, dict[str, Any]]]:
     return steps
 
 
-def run_invoice(tracer: trace.Tracer, invoice: Invoice, run_id: str = "") -> str:
-    """Process one invoice; returns the trace id (hex)."""
+def run_invoice(tracer: trace.Tracer, invoice: Invoice, run_id: str = "", faults: Faults | None = None,
+                retries: int = 0) -> str:
+    """Process one invoice; returns the trace id (hex). ``faults``: tool calls that fail as a
+    campaign injects them; each failed call is retried up to ``retries`` times, then skipped."""
     answers = _tools(invoice)
     with tracer.start_as_current_span(
         f"invoke_agent {AGENT}",
@@ -99,33 +110,50 @@ def run_invoice(tracer: trace.Tracer, invoice: Invoice, run_id: str = "") -> str
         },
     ) as root:
         calls = plan(invoice)
-        for n, (tool, args) in enumerate(calls):
-            call_id = f"call_{invoice.invoice_id}_{n}"
-            tool_call = {"type": "tool_call", "id": call_id, "name": tool, "arguments": args}
-            request = {"role": "assistant", "parts": [tool_call], "finish_reason": "tool_call"}
-            model_call(tracer, 120 + 40 * n, 24, [request])
-            with tracer.start_as_current_span(
-                f"execute_tool {tool}",
-                kind=trace.SpanKind.INTERNAL,
-                attributes={
-                    "gen_ai.operation.name": "execute_tool",
-                    "gen_ai.agent.name": AGENT,
-                    "gen_ai.tool.name": tool,
-                    "gen_ai.tool.type": "function",
-                    "gen_ai.tool.call.id": call_id,
-                    "gen_ai.tool.call.arguments": json.dumps(args),
-                    "gen_ai.tool.call.result": json.dumps(answers[tool]),
-                    # As a baggage span processor would copy them: the case and the business key
-                    # are known on every span, so early verdicts name the invoice too.
-                    "invoice.id": invoice.invoice_id,
-                    "plumb.case.id": invoice.invoice_id,
-                },
-            ) as span:
-                span.set_status(Status(StatusCode.OK))
-            if invoice.fault == "pay_twice" and tool == "schedule_payment" and n == len(calls) - 2:
+        n = 0  # model turns so far: each asks for one tool call
+        for planned, (tool, args) in enumerate(calls):
+            for _attempt in range(retries + 1):
+                n += 1
+                if _call_tool(tracer, invoice, f"call_{invoice.invoice_id}_{n - 1}", n - 1, tool, args, answers,
+                              faults):
+                    break
+            if invoice.fault == "pay_twice" and tool == "schedule_payment" and planned == len(calls) - 2:
                 time.sleep(PAUSE_AFTER_DOUBLE_PAYMENT_S)
         model_call(tracer, 400, 30)
         return format(root.get_span_context().trace_id, "032x")
+
+
+def _call_tool(tracer: trace.Tracer, invoice: Invoice, call_id: str, n: int, tool: str, args: dict[str, Any],
+               answers: dict[str, Any], faults: Faults | None) -> bool:
+    """The model's turn asking for the call, then the call; False when the tool failed."""
+    tool_call = {"type": "tool_call", "id": call_id, "name": tool, "arguments": args}
+    request = {"role": "assistant", "parts": [tool_call], "finish_reason": "tool_call"}
+    model_call(tracer, 120 + 40 * n, 24, [request])
+    with tracer.start_as_current_span(
+        f"execute_tool {tool}",
+        kind=trace.SpanKind.INTERNAL,
+        attributes={
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.agent.name": AGENT,
+            "gen_ai.tool.name": tool,
+            "gen_ai.tool.type": "function",
+            "gen_ai.tool.call.id": call_id,
+            "gen_ai.tool.call.arguments": json.dumps(args),
+            # As a baggage span processor would copy them: the case and the business key
+            # are known on every span, so early verdicts name the invoice too.
+            "invoice.id": invoice.invoice_id,
+            "plumb.case.id": invoice.invoice_id,
+        },
+    ) as span:
+        try:
+            if faults is not None:
+                faults.check(tool)
+        except InjectedFault as e:
+            span.set_status(Status(StatusCode.ERROR, str(e)))
+            return False
+        span.set_attribute("gen_ai.tool.call.result", json.dumps(answers[tool]))
+        span.set_status(Status(StatusCode.OK))
+    return True
 
 
 def model_call(
@@ -148,3 +176,32 @@ def model_call(
 def run_all(provider: TracerProvider, invoices: tuple[Invoice, ...] = INVOICES) -> list[str]:
     tracer = provider.get_tracer("otel_plumb.demo.agent")
     return [run_invoice(tracer, invoice) for invoice in invoices]
+
+
+def _campaign_trial(request: dict[str, Any], invoice: Invoice, retries: int) -> dict[str, Any]:
+    """One campaign trial: the invoice of the request's case, in the trial's trace, exported to
+    the campaign's receiver before answering."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "ap-service"}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=request["otlp_endpoint"], insecure=True)))
+    try:
+        with in_trial(request):
+            run_invoice(provider.get_tracer("otel_plumb.demo.agent"), invoice, request["trial_id"],
+                        Faults.from_request(request), retries)
+        provider.force_flush()
+    finally:
+        provider.shutdown()
+    return {"output": f"processed {invoice.invoice_id}", "state": None}
+
+
+def _invoice(request: dict[str, Any]) -> Invoice:
+    return next(i for i in INVOICES if i.invoice_id == request["case_id"])
+
+
+def faulty_build(request: dict[str, Any]) -> dict[str, Any]:
+    """The demo agent as it is: its faults, and no retry of a failed tool call."""
+    return _campaign_trial(request, _invoice(request), retries=0)
+
+
+def fixed_build(request: dict[str, Any]) -> dict[str, Any]:
+    """The demo agent fixed: no deliberate faults, and a failed tool call retried once."""
+    return _campaign_trial(request, replace(_invoice(request), fault=None), retries=1)

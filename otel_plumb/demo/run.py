@@ -1,6 +1,8 @@
 """``otel-plumb demo``: the processor in-process on free loopback ports, the bundled AP agent
 sending to it over the real OTLP exporter, live verdicts printed as they are decided, then a
-report. No network beyond 127.0.0.1."""
+report; then a small campaign (the agent's faulty build against a fixed one) through the
+campaign engine, into the same store, so the console has a campaign and its diffs to show.
+No network beyond 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -33,10 +35,16 @@ from otel_plumb.report.json_report import build_report, report_body
 SERVICE = "ap-service"
 STORE = "store.sqlite"
 CONSOLE_PORT = 8080
+# Parity's permutation test needs numpy, which a base install does not have.
+NO_P_VALUE = "n/a (numpy, of the campaign extra, is not installed)"
 
 
 def policy_path() -> Path:
     return Path(str(resources.files("otel_plumb.demo") / "ap-policy.yaml"))
+
+
+def campaign_path() -> Path:
+    return Path(str(resources.files("otel_plumb.demo") / "campaign.yaml"))
 
 
 def _case(record: dict[str, Any]) -> str:
@@ -146,12 +154,49 @@ async def run_demo(out_dir: Path, say: Callable[[str], None] = print, rounds: in
     return report
 
 
-async def serve_console(store: Path, say: Callable[[str], None] = print, keep_running: bool = False,
+async def run_campaign(store_path: Path, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """The demo's campaign through the campaign engine (its embedded receiver, the two builds of
+    the agent as Python arms), its runs and trajectories into ``store_path``; returns its report."""
+    from otel_plumb.campaign.config import load_campaign
+    from otel_plumb.campaign.engine import CampaignRun
+    from otel_plumb.campaign.reports import build_report
+    from otel_plumb.campaign.store import Store
+
+    loaded = load_campaign(campaign_path())
+    arms = " against ".join(loaded.spec.arms)
+    say(f"campaign {loaded.spec.campaign}: the agent's {arms} build, each invoice as it comes and with "
+        "check_duplicate failing once...")
+    store = Store(store_path)
+    try:
+        # Fresh answers each time: a cached one would show the previous demo's trace again.
+        runner = CampaignRun(loaded, store, use_cache=False)
+        run_id = runner.start()
+        await runner.execute(run_id)
+        report = build_report(store, store.run(run_id))
+    finally:
+        store.close()
+    for arm, data in report["arms"].items():
+        cells = ", ".join(f"{name} {_share(p['critical_conformance'])}" for name, p in data["perturbations"].items())
+        say(f"  arm {arm:<7} critical conformance: {cells}")
+    for pair in report["parity"]:
+        for name, p in pair["by_perturbation"].items():
+            pv = f"{p['p_value']:.3g}" if p["p_value"] is not None else NO_P_VALUE
+            say(f"  parity {' vs '.join(pair['arms'])} ({name}): same tool path in {_share(p['path'])} of "
+                f"{p['pairs']} pairs, permutation p {pv}")
+    return report
+
+
+def _share(r: dict[str, Any] | None) -> str:
+    return "n/a" if not r or r.get("rate") is None else f"{100 * r['rate']:.0f}%"
+
+
+async def serve_console(store: Path, run_id: str, say: Callable[[str], None] = print, keep_running: bool = False,
                         port: int = CONSOLE_PORT) -> None:  # fmt: skip
     """The console over the demo's store: kept up until Ctrl-C with ``keep_running``, else only
-    the command that opens it is printed."""
+    the command that opens it is printed. Either way the campaign run's page is named."""
     if not keep_running:
         say(f"console: otel-plumb console --store {store}   (or run the demo with --keep-running)")
+        say(f"campaign: http://127.0.0.1:{port}/campaigns/{run_id}  (once the console runs)")
         return
     from aiohttp import web
 
@@ -165,6 +210,7 @@ async def serve_console(store: Path, say: Callable[[str], None] = print, keep_ru
         await web.TCPSite(runner, "127.0.0.1", 0).start()
     bound = runner.addresses[0][1]
     say(f"console: http://127.0.0.1:{bound}/  (violations: http://127.0.0.1:{bound}/violations); Ctrl-C stops it")
+    say(f"campaign: http://127.0.0.1:{bound}/campaigns/{run_id}  (its diffs: the arms side by side)")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -184,7 +230,8 @@ def _scrape(url: str) -> str:
 def main(out_dir: Path, rounds: int = 1, keep_running: bool = False) -> dict[str, Any]:
     async def both() -> dict[str, Any]:
         report = await run_demo(out_dir, rounds=rounds)
-        await serve_console(out_dir / STORE, keep_running=keep_running)
+        campaign = await run_campaign(out_dir / STORE)
+        await serve_console(out_dir / STORE, campaign["run_id"], keep_running=keep_running)
         return report
 
     return asyncio.run(both())
