@@ -40,7 +40,9 @@ def trajectory(trace_id: str, calls: Sequence[tuple[str, Any, Any] | tuple[str, 
 
 
 def compile_candidates(candidates: Sequence[Candidate]) -> CompiledPolicy:
-    text = "policy: mined\ninvariants:\n" + "".join(f"  - {flow({'id': c.id, **c.check})}\n" for c in candidates)
+    guard = lambda c: {"when": c.when} if c.when else {}  # noqa: E731
+    text = "policy: mined\ninvariants:\n" + "".join(f"  - {flow({'id': c.id, **guard(c), **c.check})}\n"
+                                                    for c in candidates)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "p.yaml"
         path.write_text(text)

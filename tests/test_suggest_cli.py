@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -96,14 +95,17 @@ def _kept_or_implied(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_the_demo_policys_invariants_are_recovered_from_the_demos_traces(tmp_path: Path) -> None:
     """The demo agent is faulty in half its invoices on purpose (a skipped duplicate check, a
     double payment, a wrong amount), and one in six is a sanctioned vendor that is flagged, not
-    paid: mined at 0.75, every invariant of the demo's policy is proposed, written or implied."""
+    paid: mined at 0.75, every invariant of the demo's policy is proposed, written or implied;
+    what the sanctioned branch breaks is proposed guarded by the vendor check's answer, and the
+    mined policy flags exactly the faulty runs."""
     traces = tmp_path / "demo.jsonl"
     write_traces(traces, list(INVOICES) * 5)
-    out = tmp_path / "s.json"
-    run = cli("suggest", str(traces), "--min-support", "0.75", "--json", str(out))
+    out, policy = tmp_path / "s.json", tmp_path / "mined.yaml"
+    run = cli("suggest", str(traces), "--min-support", "0.75", "--json", str(out), "--policy-out", str(policy))
     assert run.returncode == 0, run.stderr
-    found = _kept_or_implied(json.loads(out.read_text()))
-    written = {c["text"] for g in json.loads(out.read_text())["groups"] for c in g["candidates"]}
+    report = json.loads(out.read_text())
+    found = _kept_or_implied(report)
+    written = {c["text"] for g in report["groups"] for c in g["candidates"]}
     assert "must_call check_duplicate" in written  # dup-check
     for first in ("fetch_invoice", "match_purchase_order", "check_duplicate", "check_vendor_status"):
         assert f"precedes {first} -> schedule_payment" in found  # fetch/match/dup/vendor-before-pay
@@ -114,10 +116,30 @@ def test_the_demo_policys_invariants_are_recovered_from_the_demos_traces(tmp_pat
     assert "budget max_tool_errors 0" in budgets  # no-runaway (tighter than the policy's 3)
     steps = next(int(t.split()[-1]) for t in budgets if "max_steps" in t)
     assert steps <= 40
-    # What the sanctioned-vendor branch (1 run in 6) breaks is proposed too, at 5/6: the review
-    # step deletes it. Its counter-examples are exactly the sanctioned runs.
-    sanctioned = found["must_call schedule_payment"]
-    assert sanctioned["failed"] == 5 and sanctioned["rate"] == pytest.approx(5 / 6)
+
+    replayed = cli("replay", str(traces), "--policy", str(policy), "--json", str(tmp_path / "r.json"))
+    assert replayed.returncode == 1, replayed.stderr
+    runs = json.loads((tmp_path / "r.json").read_text())["trajectories"]
+    invoice_of = {t["trace_id"]: t["case_id"] for t in runs}
+    faulty = {inv.invoice_id for inv in INVOICES if inv.fault}
+    # Exactly the faulty runs are flagged; the sanctioned vendor's conform.
+    assert {t["trace_id"] for t in runs if t["status"] == "violating"} == {
+        tid for tid, inv in invoice_of.items() if inv in faulty}  # fmt: skip
+    assert {t["trace_id"] for t in runs if t["status"] == "conformant"} == {
+        tid for tid, inv in invoice_of.items() if inv not in faulty}  # fmt: skip
+
+    # The sanctioned runs are no candidate's counter-examples; the payment rules are proposed
+    # for either answer of the vendor check, and not without it.
+    sanctioned = {tid for tid, inv in invoice_of.items() if inv == "INV-1005"}
+    assert len(sanctioned) == 5
+    for c in found.values():
+        assert not set(c["counter_examples"]) & sanctioned, c["text"]
+    said = 'check_vendor_status returned status "sanctioned"'
+    assert f"must_call schedule_payment unless {said}" in written
+    assert f"never_call schedule_payment if {said}" in written
+    for text in ("must_call schedule_payment", "precedes schedule_payment -> post_audit_log",
+                 "never_call flag_exception after fetch_invoice"):  # fmt: skip
+        assert text not in found
 
 
 def test_the_guide_runs_as_written(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -10,13 +11,14 @@ from typing import Any
 
 from otel_plumb.stats import wilson_interval
 from otel_plumb.suggest import formats
-from otel_plumb.suggest.mine import OVERFLOW, GroupCounts, Histogram, Source, Target
+from otel_plumb.suggest.mine import OVERFLOW, Branch, GroupCounts, Histogram, Source, Target, ValueCounts
 
 
 @dataclass(slots=True)
 class Candidate:
-    """One proposed invariant. ``check`` is its check (and scope) in the policy language;
-    ``key`` is what the implication rules read. Support: ``held`` of ``applied`` trajectories."""
+    """One proposed invariant. ``check`` is its check (and scope) in the policy language,
+    ``when`` its guard (a branch's, see ``_Builder.add``); ``key`` is what the implication rules
+    read. Support: ``held`` of ``applied`` trajectories (where the guard, if any, was true)."""
 
     id: str
     key: tuple[Any, ...]
@@ -25,6 +27,7 @@ class Candidate:
     held: int
     examples: list[str]
     text: str
+    when: str | None = None
     implied_by: list[str] = field(default_factory=list)
 
     @property
@@ -51,37 +54,112 @@ def slug(text: str) -> str:
     return _SLUG.sub("-", text).strip("-") or "x"
 
 
+# Per value of a branch field: (applied, held, failed late) of a candidate, from its counts.
+PerValue = Callable[[ValueCounts], tuple[int, int, int]]
+
+
 class _Builder:
     def __init__(self, counts: GroupCounts, min_support: float, min_applied: int) -> None:
         self.c = counts
         self.min_support, self.min_applied = min_support, min_applied
         self.out: list[Candidate] = []
         self.ids: set[str] = set()
+        self.branches = [br for br in counts.branches if not br.dead]
 
     def ok(self, held: int, applied: int) -> bool:
         return applied >= self.min_applied and applied > 0 and held / applied >= self.min_support
 
     def add(self, name: str, key: tuple[Any, ...], check: dict[str, Any], applied: int, held: int,
-            examples: list[str], text: str) -> None:  # fmt: skip
-        if not self.ok(held, applied):
-            return
+            examples: list[str], text: str, per_value: PerValue | None = None) -> None:  # fmt: skip
+        """Add the candidate if it is supported enough; but if a branch field separates its
+        counter-examples, its guarded forms instead (whatever its support without the guard)."""
+        if per_value is not None and held < applied:
+            found = self._separated(per_value, applied - held)
+            if found is not None:
+                self._guarded(name, key, check, held, text, *found)
+                return
+        if self.ok(held, applied):
+            self._emit(name, key, check, applied, held, examples, text, None)
+
+    def _emit(self, name: str, key: tuple[Any, ...], check: dict[str, Any], applied: int, held: int,
+              examples: list[str], text: str, when: str | None) -> None:  # fmt: skip
         ident, n = slug(name), 2
         while ident in self.ids:
             ident, n = f"{slug(name)}-{n}", n + 1
         self.ids.add(ident)
-        self.out.append(Candidate(ident, key, check, applied, held, examples[: self.c.limits.examples], text))
+        self.out.append(Candidate(ident, key, check, applied, held, examples[: self.c.limits.examples], text, when))
+
+    def _separated(self, per_value: PerValue, failed: int) -> tuple[Branch, list[Any], int] | None:
+        """The first branch field whose values split the trajectories exactly: every failure in
+        trajectories with a value in which the candidate always failed, never late, at least
+        ``min_applied`` of them, and another value seen where it held. (field, those values, count)."""
+        for br in self.branches:
+            values, broken, other = [], 0, 0
+            for v, table in br.tables.items():
+                applied, held, late = per_value(table)
+                if not applied:
+                    continue
+                if held == 0 and late == 0:
+                    values.append(v)
+                    broken += applied
+                else:
+                    other += applied
+            if values and broken == failed and other and broken >= self.min_applied:
+                return br, sorted(values, key=_literal), broken
+        return None
+
+    def _guarded(self, name: str, key: tuple[Any, ...], check: dict[str, Any], held: int, text: str, br: Branch,
+                 values: list[Any], broken: int) -> None:  # fmt: skip
+        """The candidate where the field did not have those values (it held in all of them), and
+        for ``must_call T``, ``never_call T`` where it had them (T was never called there)."""
+        exists, said = _exists(br, values), _said(br, values)
+        label = f"{br.tool}-{br.path}-{'-'.join(str(v) for v in values)}"
+        if self.ok(held, held):
+            self._emit(f"{name}-unless-{label}", key, check, held, held, [], f"{text} unless {said}", f"!{exists}")
+        if key[0] == "must_call":
+            tool = key[1]
+            self._emit(f"no-{tool}-if-{label}", ("never_call", tool), {"never_call": tool}, broken, broken, [],
+                       f"never_call {tool} if {said}", exists)  # fmt: skip
+
+
+def _literal(v: Any) -> str:
+    """A branch value as a CEL literal."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v) if isinstance(v, int) else json.dumps(v, ensure_ascii=False)
+
+
+def _exists(br: Branch, values: list[Any]) -> str:
+    """CEL: a successful call of the field's tool returned one of ``values`` in it (a missing key
+    is false, as the field was missing when mining)."""
+    terms = ['s.kind == "tool"', f"s.name == {json.dumps(br.tool, ensure_ascii=False)}", "s.error == null",
+             's.result_status == "captured"']  # fmt: skip
+    ref = "s.result"
+    for k in br.keys:
+        terms.append(f"{json.dumps(k)} in {ref}")
+        ref += f"[{json.dumps(k)}]"
+    literals = [_literal(v) for v in values]
+    terms.append(f"{ref} == {literals[0]}" if len(literals) == 1 else f"{ref} in [{', '.join(literals)}]")
+    return f"steps.exists(s, {' && '.join(terms)})"
+
+
+def _said(br: Branch, values: list[Any]) -> str:
+    literals = [_literal(v) for v in values]
+    what = literals[0] if len(literals) == 1 else " or ".join(literals)
+    return f"{br.tool} returned {br.path} {what}"
 
 
 def build(counts: GroupCounts, min_support: float, min_applied: int) -> list[Candidate]:
     """Every candidate whose support rate is at least ``min_support`` over at least
-    ``min_applied`` trajectories, in a stable order (tools in order of first appearance)."""
+    ``min_applied`` trajectories, in a stable order (tools in order of first appearance); a
+    candidate a branch separates in its guarded forms."""
     b = _Builder(counts, min_support, min_applied)
     c, n, tools, m = counts, counts.n, counts.tools, counts.limits.max_tools
     for i, t in enumerate(tools):
         b.add(f"must-call-{t}", ("must_call", t), {"must_call": t}, n, c.present[i], c.absent[i].ids,
-              f"must_call {t}")  # fmt: skip
+              f"must_call {t}", _called(i))  # fmt: skip
     for i, t in enumerate(tools):
-        _call_count(b, t, c.counts[i], n, c.absent[i].ids)
+        _call_count(b, i, t, c.counts[i], n, c.absent[i].ids)
     for a, ta in enumerate(tools):
         for bb, tb in enumerate(tools):
             if a == bb:
@@ -89,7 +167,8 @@ def build(counts: GroupCounts, min_support: float, min_applied: int) -> list[Can
             key = a * m + bb
             ex = c.precedes_ex.get(key)
             b.add(f"{ta}-before-{tb}", ("precedes", ta, tb), {"precedes": {"first": ta, "then": tb}},
-                  c.present[bb], c.precedes[key], ex.ids if ex else [], f"precedes {ta} -> {tb}")  # fmt: skip
+                  c.present[bb], c.precedes[key], ex.ids if ex else [], f"precedes {ta} -> {tb}",
+                  _preceded(key, bb))  # fmt: skip
     for a, ta in enumerate(tools):
         for bb, tb in enumerate(tools):
             if a == bb:
@@ -97,7 +176,8 @@ def build(counts: GroupCounts, min_support: float, min_applied: int) -> list[Can
             key = a * m + bb
             ex = c.responds_ex.get(key)
             b.add(f"{tb}-after-{ta}", ("responds", ta, tb), {"responds": {"trigger": ta, "then": tb}},
-                  c.present[a], c.responds[key], ex.ids if ex else [], f"responds {ta} -> {tb}")  # fmt: skip
+                  c.present[a], c.responds[key], ex.ids if ex else [], f"responds {ta} -> {tb}",
+                  _responded(key, a))  # fmt: skip
     for a, ta in enumerate(tools):
         for bb, tb in enumerate(tools):
             # A tool that is never called says nothing about when it is not called.
@@ -106,8 +186,8 @@ def build(counts: GroupCounts, min_support: float, min_applied: int) -> list[Can
             key = a * m + bb
             ex = c.after_ex.get(key)
             b.add(f"no-{tb}-after-{ta}", ("never_after", tb, ta), {"scope": {"after": ta}, "never_call": tb},
-                  c.present[a], c.present[a] - c.after[key], ex.ids if ex else [],
-                  f"never_call {tb} after {ta}")  # fmt: skip
+                  c.present[a], c.present[a] - c.after[key], ex.ids if ex else [], f"never_call {tb} after {ta}",
+                  _not_after(key, a))  # fmt: skip
     for metric in c.budgets:
         _budget(b, metric, c.budgets[metric], c.budget_applied[metric])
     for targets in c.targets.values():
@@ -116,7 +196,23 @@ def build(counts: GroupCounts, min_support: float, min_applied: int) -> list[Can
     return b.out
 
 
-def _call_count(b: _Builder, tool: str, hist: Histogram, n: int, absent: list[str]) -> None:
+def _called(i: int) -> PerValue:
+    return lambda v: (v.n, v.present[i], 0)
+
+
+def _preceded(key: int, then: int) -> PerValue:
+    return lambda v: (v.present[then], v.precedes[key], v.late_precedes[key])
+
+
+def _responded(key: int, trigger: int) -> PerValue:
+    return lambda v: (v.present[trigger], v.responds[key], 0)
+
+
+def _not_after(key: int, after: int) -> PerValue:
+    return lambda v: (v.present[after], v.present[after] - v.after[key], v.late_after[key])
+
+
+def _call_count(b: _Builder, i: int, tool: str, hist: Histogram, n: int, absent: list[str]) -> None:
     counts = dict(hist.counts)
     zero = n - sum(counts.values())
     values = sorted(counts)
@@ -143,9 +239,19 @@ def _call_count(b: _Builder, tool: str, hist: Histogram, n: int, absent: list[st
     if low is not None:
         spec["min"] = low
     spec["max"] = high
+
+    def within(x: int) -> bool:
+        return bool((low is None or x >= low) and x <= high)
+
+    def per_value(v: ValueCounts) -> tuple[int, int, int]:
+        mine = [(x, k) for (t, x), k in v.counts.items() if t == i]
+        held = sum(k for x, k in mine if within(x)) + (v.n - v.present[i] if low is None else 0)
+        late = sum(k for (t, x), k in v.late_counts.items() if t == i and not within(x))
+        return v.n, held, late
+
     bounds = f"{low}..{high}" if low is not None else f"at most {high}"
     b.add(f"count-{tool}", ("call_count", tool, low, high), {"call_count": spec}, n, held, examples,
-          f"call_count {tool} {bounds}")  # fmt: skip
+          f"call_count {tool} {bounds}", per_value)  # fmt: skip
 
 
 def _bound(b: _Builder, hist: Histogram, applied: int, upper: bool, widen: bool = False,
@@ -274,7 +380,7 @@ MAX_ALTERNATIVES = 3
 # earlier is the one dropped when two are implied by each other.
 _TIE_ORDER = {"never_after": 0, "responds": 1, "flow": 2, "precedes": 3, "budget": 4, "call_count": 5}
 # Never dropped (see the package docstring).
-_NEVER_DROPPED = frozenset({"must_call", "format", "range"})
+_NEVER_DROPPED = frozenset({"must_call", "never_call", "format", "range"})
 
 
 class _Kept:
@@ -424,8 +530,21 @@ def _written(premises: list[str], by_id: dict[str, Candidate]) -> list[str]:
 
 def prune(candidates: list[Candidate]) -> tuple[list[Candidate], list[Candidate]]:
     """(kept, implied): weakest first, a candidate is dropped when kept candidates at least as
-    well supported imply it; ``implied_by`` names them."""
-    kept = _Kept(candidates)
+    well supported imply it; ``implied_by`` names them. A guarded candidate is implied by
+    unguarded ones and ones of the same guard (all hold where the guard is true), never the
+    other way round."""
+    plain = [c for c in candidates if c.when is None]
+    _prune(plain, [])
+    premises = [c for c in plain if not c.implied_by]
+    for when in dict.fromkeys(c.when for c in candidates if c.when is not None):
+        _prune([c for c in candidates if c.when == when], premises)
+    implied = [c for c in candidates if c.implied_by]
+    return [c for c in candidates if not c.implied_by], implied
+
+
+def _prune(candidates: list[Candidate], premises: list[Candidate]) -> None:
+    """Set ``implied_by`` of the ``candidates`` implied by others or by ``premises`` (kept)."""
+    kept = _Kept([*premises, *candidates])
     order: Callable[[Candidate], tuple[float, int]] = lambda c: (c.rate, _TIE_ORDER.get(c.kind, 9))  # noqa: E731
     for c in sorted(candidates, key=order):
         if c.kind in _NEVER_DROPPED:
@@ -436,10 +555,8 @@ def prune(candidates: list[Candidate]) -> tuple[list[Candidate], list[Candidate]
             kept.remove(c)
     # Name premises that are written where possible: one tested earlier may have gone since
     # (it is implied by what remains, so ``c`` still is).
-    by_id = {c.id: c for c in candidates}
+    by_id = {c.id: c for c in [*premises, *candidates]}
     for c in candidates:
         if c.implied_by:
             final = _implied(c, kept)
             c.implied_by = [x.id for x in final] if final else _written(c.implied_by, by_id)
-    implied = [c for c in candidates if c.implied_by]
-    return [c for c in candidates if not c.implied_by], implied

@@ -42,6 +42,9 @@ class Limits:
     max_shapes: int = 64
     # Distinct values remembered per argument (to tell a constant from a varying value).
     distinct_values: int = 3
+    # Result fields that may decide a branch, and the values each may have.
+    branch_fields: int = 8
+    branch_values: int = 4
 
 
 PASS, INDETERMINATE, FAIL = 0, 1, 2
@@ -219,6 +222,192 @@ class Target:
         self.all_int = True
 
 
+# ---- tool calls and their order ----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Pairs:
+    """One trajectory's outcomes per ordered pair key a * M + b of tools both called:
+    ``precedes`` held (first a < first b), else failed at the first b; ``responds`` held (last b >
+    last a) or failed; ``after``: a b after the first a (``never_call b`` after ``a`` failed),
+    with the last b."""
+
+    precedes: list[int]
+    precedes_failed: list[tuple[int, int]]
+    responds: list[int]
+    responds_failed: list[int]
+    after: list[tuple[int, int]]
+
+
+def _pairs(items: list[tuple[int, int]], last: dict[int, int], m: int) -> Pairs:
+    out = Pairs([], [], [], [], [])
+    precedes, precedes_failed, responds, responds_failed, after = (
+        out.precedes, out.precedes_failed, out.responds, out.responds_failed, out.after
+    )  # fmt: skip
+    for a, fa in items:
+        la, am = last[a], a * m
+        for b, fb in items:
+            if a == b:
+                continue
+            key = am + b
+            if fa < fb:
+                precedes.append(key)
+            else:
+                precedes_failed.append((key, fb))
+            lb = last[b]
+            if lb > la:
+                responds.append(key)
+            else:
+                responds_failed.append(key)
+            if lb > fa:
+                after.append((key, lb))
+    return out
+
+
+@dataclass(slots=True)
+class Calls:
+    """A trajectory's successful calls of the tools mined: (tool, first position) in order,
+    the last position and the number of calls per tool, the tools it did not call, and its pairs."""
+
+    items: list[tuple[int, int]]
+    last: dict[int, int]
+    count: dict[int, int]
+    missing: list[int]
+    pairs: Pairs
+
+
+# ---- branches ----------------------------------------------------------------------------
+
+# A longer text is not a branch's value (a message, a payload).
+MAX_BRANCH_TEXT = 64
+
+
+def branch_value(v: Any) -> Any:
+    """``v`` if it can be a branch's value (text, an integer, a boolean: what a tool answers to
+    steer what comes next, not a measurement), else MISSING."""
+    if isinstance(v, bool | int) or (isinstance(v, str) and len(v) <= MAX_BRANCH_TEXT):
+        return v
+    return MISSING
+
+
+def result_fields(value: Any, limits: Limits) -> list[tuple[tuple[str, ...], Any]]:
+    """Branch values in a call's result as (keys, value): maps only, as CEL sees the result (a
+    JSON string is not decoded, a list is not entered)."""
+    out: list[tuple[tuple[str, ...], Any]] = []
+
+    def walk(v: Any, keys: tuple[str, ...]) -> None:
+        if len(out) >= limits.max_leaves:
+            return
+        if isinstance(v, dict):
+            if len(keys) < limits.max_depth:
+                for k, x in v.items():
+                    if isinstance(k, str) and _KEY.match(k):
+                        walk(x, (*keys, k))
+        elif keys and branch_value(v) is not MISSING:
+            out.append((keys, v))
+
+    walk(value, ())
+    return out
+
+
+class FieldSeen:
+    """A result field in the warm-up: its values (up to one past the limit), the tasks it was
+    returned in (enough of them to compare), and whether it was disqualified."""
+
+    __slots__ = ("dead", "kind", "tasks", "trajectories", "values")
+
+    def __init__(self, kind: type) -> None:
+        self.kind = kind
+        self.values: set[Any] = set()
+        self.tasks: set[Hashable] = set()
+        self.trajectories = 0
+        self.dead = False
+
+    def add(self, v: Any, task: Hashable | None, mixed: bool, limits: Limits) -> None:
+        self.trajectories += 1
+        if mixed or type(v) is not self.kind or self.dead:
+            self.dead = True
+            return
+        self.values.add(v)
+        if len(self.values) > limits.branch_values:
+            self.dead = True
+        if task is not None and len(self.tasks) < 2 * limits.branch_values:
+            self.tasks.add(task)
+
+    def qualifies(self) -> bool:
+        # Two tasks per value on average: an identifier of the task has one value per task.
+        return not self.dead and len(self.values) >= 2 and len(self.tasks) >= 2 * len(self.values)
+
+
+class ValueCounts:
+    """The tool counts of the trajectories in which a branch field had one value (as the
+    group's, without counter-examples), and the failures that happened before the field was
+    returned ("late": it cannot have decided them): ``precedes`` at the first unpreceded call,
+    ``never_call`` after at the last call, ``call_count`` at the tool's last call."""
+
+    __slots__ = ("after", "counts", "late_after", "late_counts", "late_precedes", "n", "precedes", "present",
+                 "responds")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.present: Counter[int] = Counter()
+        # (tool, number of calls) -> trajectories
+        self.counts: Counter[tuple[int, int]] = Counter()
+        self.late_counts: Counter[tuple[int, int]] = Counter()
+        self.precedes: Counter[int] = Counter()
+        self.responds: Counter[int] = Counter()
+        self.after: Counter[int] = Counter()
+        self.late_precedes: Counter[int] = Counter()
+        self.late_after: Counter[int] = Counter()
+
+    def add(self, calls: Calls, p: int, m: int) -> None:
+        """Count one trajectory, whose field was first returned by the call at position ``p``."""
+        self.n += 1
+        last = calls.last
+        self.present.update(calls.count)
+        for b, n in calls.count.items():
+            self.counts[(b, n)] += 1
+            if last[b] < p:
+                self.late_counts[(b, n)] += 1
+        pairs = calls.pairs
+        self.precedes.update(pairs.precedes)
+        self.responds.update(pairs.responds)
+        self.after.update(key for key, _ in pairs.after)
+        self.late_precedes.update(key for key, fb in pairs.precedes_failed if fb < p)
+        self.late_after.update(key for key, lb in pairs.after if lb < p)
+        for b, fb in calls.items:
+            if fb < p:
+                self.late_precedes.update(a * m + b for a in calls.missing)
+
+
+class Branch:
+    """A result field of one tool that may decide a branch: counts per value, at most
+    ``branch_values`` of them; ``dead`` once it showed more, or two in one trajectory."""
+
+    __slots__ = ("dead", "keys", "kind", "tables", "tool")
+
+    def __init__(self, tool: str, keys: tuple[str, ...], kind: type) -> None:
+        self.tool, self.keys, self.kind = tool, keys, kind
+        self.tables: dict[Any, ValueCounts] = {}
+        self.dead = False
+
+    @property
+    def path(self) -> str:
+        return ".".join(self.keys)
+
+    def kill(self) -> None:
+        self.dead = True
+        self.tables.clear()
+
+    def value(self, result: Any) -> Any:
+        v = result
+        for k in self.keys:
+            if not isinstance(v, dict):
+                return MISSING
+            v = v.get(k, MISSING)
+        return branch_value(v)
+
+
 # ---- per group ---------------------------------------------------------------------------
 
 
@@ -231,7 +420,6 @@ class GroupCounts:
         self.tools: list[str] = []
         self.index: dict[str, int] = {}
         self.ignored_tools: set[str] = set()
-        self.ignored_calls = 0
         # The first trace ids overall: the counter-examples of a must_call whose tool first
         # shows after them.
         self.early = Examples(limits.examples)
@@ -250,10 +438,12 @@ class GroupCounts:
         self.after_ex: dict[int, Examples] = {}
         self.budgets = {m: Histogram(limits.examples) for m in BUDGET_METRICS}
         self.budget_applied = Counter[str]()
-        # Arguments: discovered in the warm-up, counted over every trajectory.
+        # Arguments and branch fields: discovered in the warm-up, counted over every trajectory.
         self.warm: list[Trajectory] | None = []
         self.targets: dict[str, list[Target]] = {}
         self.memo = Memo()
+        self.branches: list[Branch] = []
+        self.branches_of: dict[str, list[Branch]] = {}
 
     # The pair key: tools are at most max_tools, so a * M + b is unique.
     @property
@@ -261,7 +451,8 @@ class GroupCounts:
         return self.limits.max_tools
 
     def add(self, t: Trajectory) -> None:
-        self._add_tools(t)
+        calls = self._calls(t)
+        self._add_tools(t.trace_id, calls)
         self.n += 1
         self.early.add(t.trace_id)
         self._add_budgets(t)
@@ -271,15 +462,20 @@ class GroupCounts:
                 self.end_warmup()
         else:
             self._add_arguments(t)
+            self._add_branches(t, calls)
 
     def end_warmup(self) -> None:
-        """Discover argument candidates in the trajectories seen so far and count them."""
+        """Discover argument candidates and branch fields in the trajectories seen so far and
+        count them."""
         if self.warm is None:
             return
         warm, self.warm = self.warm, None
         self._discover(warm)
+        self._discover_branches(warm)
         for t in warm:
             self._add_arguments(t)
+            if self.branches:
+                self._add_branches(t, self._calls(t))
 
     # ---- tools and their order -----------------------------------------------------------
 
@@ -304,8 +500,9 @@ class GroupCounts:
             self.responds_ex[other * m + i] = Examples(k, list(self.first_with[other].ids))
         return i
 
-    def _add_tools(self, t: Trajectory) -> None:
-        trace_id = t.trace_id
+    def _calls(self, t: Trajectory) -> Calls:
+        """Per tool (index): the positions of its first and last successful call among the
+        trajectory's successful calls of tools mined, and the number of its calls."""
         first: dict[int, int] = {}
         last: dict[int, int] = {}
         count: dict[int, int] = {}
@@ -317,7 +514,6 @@ class GroupCounts:
             if i is None:
                 i = self._tool(s.name)
                 if i is None:
-                    self.ignored_calls += 1
                     continue
             if i not in first:
                 first[i] = position
@@ -326,41 +522,33 @@ class GroupCounts:
                 count[i] += 1
             last[i] = position
             position += 1
+        items = sorted(first.items(), key=lambda kv: kv[1])
+        missing = [x for x in range(len(self.tools)) if x not in first] if len(first) < len(self.tools) else []
+        return Calls(items, last, count, missing, _pairs(items, last, self._m))
+
+    def _add_tools(self, trace_id: str, calls: Calls) -> None:
         m, k = self._m, self.limits.examples
-        precedes, responds, after = self.precedes, self.responds, self.after
-        for b, n in count.items():
+        for b, n in calls.count.items():
             self.present[b] += 1
             self.first_with[b].add(trace_id)
             self.counts[b].add(n, trace_id)
-        for a in range(len(self.tools)):
-            if a not in first:
-                self.absent[a].add(trace_id)
-        items = sorted(first.items(), key=lambda kv: kv[1])
-        for a, fa in items:
-            la = last[a]
-            for b, fb in items:
-                if a == b:
-                    continue
-                key = a * m + b
-                if fa < fb:
-                    precedes[key] += 1
-                else:
-                    _example(self.precedes_ex, key, k, trace_id)
-                lb = last[b]
-                if lb > la:
-                    responds[key] += 1
-                else:
-                    _example(self.responds_ex, key, k, trace_id)
-                if lb > fa:
-                    after[key] += 1
-                    _example(self.after_ex, key, k, trace_id)
+        for a in calls.missing:
+            self.absent[a].add(trace_id)
+        pairs = calls.pairs
+        self.precedes.update(pairs.precedes)
+        self.responds.update(pairs.responds)
+        self.after.update(key for key, _ in pairs.after)
+        for key, _ in pairs.precedes_failed:
+            _example(self.precedes_ex, key, k, trace_id)
+        for key in pairs.responds_failed:
+            _example(self.responds_ex, key, k, trace_id)
+        for key, _ in pairs.after:
+            _example(self.after_ex, key, k, trace_id)
         # Failures where one side is missing: precedes(a, b) with no a, responds(a, b) with no b.
-        if len(first) < len(self.tools):
-            missing = [x for x in range(len(self.tools)) if x not in first]
-            for b in first:
-                for a in missing:
-                    _example(self.precedes_ex, a * m + b, k, trace_id)
-                    _example(self.responds_ex, b * m + a, k, trace_id)
+        for b, _ in calls.items:
+            for a in calls.missing:
+                _example(self.precedes_ex, a * m + b, k, trace_id)
+                _example(self.responds_ex, b * m + a, k, trace_id)
 
     # ---- budgets ---------------------------------------------------------------------------
 
@@ -502,6 +690,83 @@ class GroupCounts:
                 target.number_applied += 1
                 target.low.add(bucket_down(lo), trace_id)
                 target.high.add(bucket_up(hi), trace_id)
+
+    # ---- branches ---------------------------------------------------------------------------
+
+    def _discover_branches(self, warm: list[Trajectory]) -> None:
+        """Result fields that may decide a branch (see the package docstring): in the warm-up,
+        two to ``branch_values`` values of one type, one per trajectory, and at least twice as
+        many tasks as values."""
+        lim = self.limits
+        seen: dict[tuple[str, tuple[str, ...]], FieldSeen] = {}
+        for t in warm:
+            task = self._task(t)
+            values: dict[tuple[str, tuple[str, ...]], Any] = {}
+            mixed: set[tuple[str, tuple[str, ...]]] = set()
+            for s in t.steps:
+                if s.kind != "tool" or s.error is not None or s.name not in self.index:
+                    continue
+                if s.result_status != "captured":
+                    continue
+                for keys, v in result_fields(s.result, lim):
+                    f = (s.name, keys)
+                    old = values.setdefault(f, v)
+                    if old != v or type(old) is not type(v):
+                        mixed.add(f)
+            for f, v in values.items():
+                stats = seen.get(f)
+                if stats is None:
+                    stats = seen[f] = FieldSeen(type(v))
+                stats.add(v, task, f in mixed, lim)
+        fields = [(f, x) for f, x in seen.items() if x.qualifies()]
+        fields.sort(key=lambda fx: (len(fx[1].values), -fx[1].trajectories, self.index[fx[0][0]], fx[0][1]))
+        for (tool, keys), stats in fields[: lim.branch_fields]:
+            branch = Branch(tool, keys, stats.kind)
+            self.branches.append(branch)
+            self.branches_of.setdefault(tool, []).append(branch)
+
+    def _task(self, t: Trajectory) -> Hashable | None:
+        """The task a trajectory did: its case id, else the arguments of its first successful
+        tool call (the input it started from); None when neither is known."""
+        if t.case_id is not None:
+            return ("case", t.case_id)
+        for s in t.steps:
+            if s.kind == "tool" and s.error is None:
+                return ("args", self.memo.key(s.args)) if s.args_status == "captured" else None
+        return None
+
+    def _add_branches(self, t: Trajectory, calls: Calls) -> None:
+        if not self.branches:
+            return
+        found: dict[Branch, tuple[Any, int]] = {}
+        position = 0
+        for s in t.steps:
+            if s.kind != "tool" or s.error is not None or s.name not in self.index:
+                continue
+            branches = self.branches_of.get(s.name)
+            if branches and s.result_status == "captured":
+                for branch in branches:
+                    v = branch.value(s.result)
+                    if v is MISSING:
+                        continue
+                    got = found.setdefault(branch, (v, position))
+                    if got[0] != v or type(got[0]) is not type(v):
+                        branch.kill()
+            position += 1
+        m, limit = self._m, self.limits.branch_values
+        for branch, (v, p) in found.items():
+            if branch.dead:
+                continue
+            if type(v) is not branch.kind:
+                branch.kill()
+                continue
+            table = branch.tables.get(v)
+            if table is None:
+                if len(branch.tables) >= limit:
+                    branch.kill()
+                    continue
+                table = branch.tables[v] = ValueCounts()
+            table.add(calls, p, m)
 
 
 class Memo:

@@ -19,8 +19,9 @@ _YAML_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "null", "y",
 
 def invariant(c: Candidate, group: Group) -> dict[str, Any]:
     out: dict[str, Any] = {"id": c.id, "severity": SEVERITY}
-    if group.guard is not None:
-        out["when"] = group.guard
+    guards = [g for g in (group.guard, c.when) if g is not None]
+    if guards:
+        out["when"] = guards[0] if len(guards) == 1 else " && ".join(f"({g})" for g in guards)
     out.update(c.check)
     return out
 
