@@ -5,6 +5,7 @@ opening, and a live processor filling it with what it decided (redacted)."""
 from __future__ import annotations
 
 import json
+import random
 import sqlite3
 import subprocess
 import sys
@@ -125,11 +126,34 @@ def test_one_trajectory_by_id_trace_or_key_and_bad_queries(tmp_path: Path) -> No
     store.close()
 
 
+def test_records_are_stored_compressed_and_uncompressed_ones_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "t.sqlite"
+    store = TrajectoryStore(path)
+    steps = [{"index": i, "name": "execute_tool lookup_customer", "args": {"id": "C-1"}} for i in range(20)]
+    record = {"trace_id": "cd" * 16, "key": "K-1", "status": "conformant", "steps": steps, "verdicts": []}
+    store.add([record], "live", decided_at=1.0)
+    assert (store.get("K-1") or {})["steps"] == steps
+    store.close()
+    db = sqlite3.connect(path)
+    (blob,) = db.execute("SELECT record FROM decided").fetchone()
+    assert len(blob) < len(json.dumps(record)) / 3  # twenty like steps
+    # A row as an earlier version wrote it: the record as plain JSON.
+    db.execute("UPDATE decided SET record = ?", (json.dumps(record).encode(),))
+    db.commit()
+    db.close()
+    store = TrajectoryStore(path, readonly=True)
+    stored = store.get("K-1")
+    assert stored is not None and stored["steps"] == steps
+    store.close()
+
+
 def test_retention_by_age_and_by_size(tmp_path: Path) -> None:
     store = TrajectoryStore(tmp_path / "t.sqlite")
-    big = {"trace_id": "", "status": "conformant", "verdicts": [], "steps": [{"args": "x" * 4000}]}
     for i in range(300):
-        store.add([{**big, "trace_id": f"{i:032x}"}], "live", decided_at=1000.0 + i)
+        # Arguments that do not compress, so the records fill pages.
+        big = {"trace_id": f"{i:032x}", "status": "conformant", "verdicts": [],
+               "steps": [{"args": random.Random(i).randbytes(2000).hex()}]}  # fmt: skip
+        store.add([big], "live", decided_at=1000.0 + i)
     assert store.expire(max_age=100.0, max_bytes=1 << 30, now=1300.0) == 200  # older than 1200
     assert [r["trace_id"] for r in store.find(Filters(), limit=500)[0]][-1] == f"{200:032x}"
     before = store.bytes_used()

@@ -2,8 +2,8 @@
 in SQLite, from the live processor, ``replay --store`` and campaigns, side by side with a
 campaign store's tables when both use one file.
 
-One row per decided trajectory (the columns the console filters on, and the record as JSON) and
-one row per verdict (to find trajectories by policy, invariant and severity). Lists are keyset
+One row per decided trajectory (the columns the console filters on, and the record as
+zstd-compressed JSON) and one row per verdict (to find trajectories by policy, invariant and severity). Lists are keyset
 paginated newest first, so a page costs the same at any depth; every filter has an index.
 """
 
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import zstandard
 
 from otel_plumb.model import SEVERITIES
 
@@ -47,6 +48,19 @@ CREATE INDEX IF NOT EXISTS verdicts_by_policy ON decided_verdicts (policy, decid
 CREATE INDEX IF NOT EXISTS verdicts_by_severity ON decided_verdicts (verdict, severity, decided_at, decided_id);
 CREATE INDEX IF NOT EXISTS verdicts_by_trajectory ON decided_verdicts (decided_id);
 """
+
+# A record is repetitive JSON (field names, ids, tool names): zstd at level 1 makes it about a
+# seventh the size, and SQLite writes the smaller row (no overflow pages, a seventh of the WAL
+# and checkpoint traffic) for far less than the compression costs (bench/store.py). Records
+# stored uncompressed by earlier versions still read: JSON never starts with zstd's magic.
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_ZSTD_LEVEL = 1
+
+
+def _unpack(blob: bytes) -> dict[str, Any]:
+    record: dict[str, Any] = orjson.loads(zstandard.decompress(blob) if blob[:4] == _ZSTD_MAGIC else blob)
+    return record
+
 
 # Page sizes: the default, and the most one page may hold.
 PAGE = 50
@@ -111,6 +125,8 @@ class TrajectoryStore:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
         self.readonly = readonly
+        # One compressor per store: a store is written by one thread at a time.
+        self._compressor = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
 
     def close(self) -> None:
         self.db.close()
@@ -123,27 +139,46 @@ class TrajectoryStore:
         carry ``trial_id``; ``decided_at`` defaults to now."""
         if source not in SOURCES:
             raise ValueError(f"source {source!r} is not one of {', '.join(SOURCES)}")
+        if not records:
+            return
         at = time.time() if decided_at is None else decided_at
         db = self.db
+        blobs = self._compress([orjson.dumps(r, default=str) for r in records])
         with self._transaction():
             if run_id is not None:  # a trial stored again (a resumed run) replaces its row
                 for trial in {r.get("trial_id") for r in records} - {None}:
                     self._delete_rows("run_id = ? AND trial_id = ?", (run_id, trial))
-            # Ids given here, so both tables are written with one executemany each.
+            # Ids given here, so both tables are written with one statement each.
             first = (db.execute("SELECT MAX(id) FROM decided").fetchone()[0] or 0) + 1
             rows, verdict_rows = [], []
-            for row_id, record in enumerate(records, start=first):
+            for row_id, record, blob in zip(range(first, first + len(records)), records, blobs, strict=True):
                 verdicts = record.get("verdicts") or []
                 rows.append((
                     row_id, source, run_id, record.get("trial_id"), at, record.get("trace_id") or "",
                     record.get("key") or record.get("trace_id") or "", record.get("agent"), record.get("service"),
                     record.get("status") or "unchecked", sum(v.get("verdict") == "fail" for v in verdicts),
-                    _worst(verdicts), orjson.dumps(record, default=str),
+                    _worst(verdicts), blob,
                 ))  # fmt: skip
                 verdict_rows += [(row_id, at, v.get("policy"), v.get("invariant") or "", v.get("verdict") or "",
                                   v.get("severity") or "", v.get("step_index")) for v in verdicts]  # fmt: skip
-            db.executemany("INSERT INTO decided VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
-            db.executemany("INSERT INTO decided_verdicts VALUES (?,?,?,?,?,?,?)", verdict_rows)
+            self._insert("decided", 13, rows)
+            self._insert("decided_verdicts", 7, verdict_rows)
+
+    def _compress(self, blobs: list[bytes | bytearray | memoryview]) -> list[bytes]:
+        # One call for the batch: the compressor lets go of the interpreter lock once, not once
+        # per record (each time it is taken back the event loop's thread is made to wait).
+        out = self._compressor.multi_compress_to_buffer(blobs)
+        return [out[i].tobytes() for i in range(len(out))]
+
+    def _insert(self, table: str, width: int, rows: list[tuple[Any, ...]]) -> None:
+        """Rows in as few multi-row INSERTs as SQLite's variable limit allows: executemany runs a
+        statement per row, and lets go of the interpreter lock and takes it back for each."""
+        per = max(1, self.db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width)
+        values = "(" + ",".join("?" * width) + ")"
+        for start in range(0, len(rows), per):
+            chunk = rows[start:start + per]
+            self.db.execute(f"INSERT INTO {table} VALUES {','.join([values] * len(chunk))}",
+                            [value for row in chunk for value in row])  # fmt: skip
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -294,7 +329,7 @@ class TrajectoryStore:
                 ).fetchone()  # fmt: skip
         if row is None:
             return None
-        record: dict[str, Any] = orjson.loads(row[4])
+        record = _unpack(row[4])
         return {"id": row[0], "decided_at": row[1], "source": row[2], "run_id": row[3], **record}
 
     def trial(self, run_id: str, trial_id: str) -> dict[str, Any] | None:
