@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import re2
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from otel_plumb.check import CompiledPolicy, load_policy
@@ -339,3 +339,141 @@ def test_group_by_a_task_attribute_guards_with_its_value(tmp_path: Path) -> None
     refunds = got["refund.must-call-refund"]
     assert {tid for tid, v in refunds.items() if v == "pass"} == {f"r{i}" for i in range(0, 12, 2)}
     assert all(v != "fail" for by_trace in got.values() for v in by_trace.values())
+
+
+# ---- branches decided by a tool's answer ---------------------------------------------------
+
+PAYING = "ok"
+VENDORS = ("Acme", "Globex", "Initech")
+BRANCH_FAULTS = ("skip_dup", "pay_twice", "no_audit")
+
+
+def ap_run(task: int, run: int, status: str, faults: frozenset[str], case_id: bool = True) -> Trajectory:
+    """fetch -> check_dup -> vendor_check -> pay (status ok) or flag (any other status) -> audit;
+    the vendor (three, shared by tasks) is no branch; ``faults`` break the paying path."""
+    inv, vendor = f"INV-{task:03d}", VENDORS[task % len(VENDORS)]
+    calls: list[Any] = [("fetch", {"id": inv}, {"id": inv, "vendor": vendor})]
+    if "skip_dup" not in faults:
+        calls.append(("check_dup", {"id": inv}, {"duplicate": False}))
+    calls.append(("vendor_check", {"vendor": vendor}, {"vendor": vendor, "status": status}))
+    if status == PAYING:
+        calls += [("pay", {"id": inv}, {"paid": True})] * (2 if "pay_twice" in faults else 1)
+    else:
+        calls.append(("flag", {"id": inv, "reason": status}, {"flagged": True}))
+    if "no_audit" not in faults:
+        calls.append(("audit", {"id": inv}, {"logged": True}))
+    t = trajectory(f"t{task:02d}r{run}", calls)
+    if case_id:
+        t.attributes["plumb.case.id"] = inv
+    return t
+
+
+@st.composite
+def branched(draw: st.DrawFn) -> tuple[list[Trajectory], dict[str, str], dict[str, frozenset[str]]]:
+    """Tasks with a vendor status each, a few runs each: every status is given to two fault-free
+    tasks at least, and each fault is planted in every run of one of the other paying tasks, or
+    none. Returns the runs, the status of each run and the faults of each run (by trace id)."""
+    statuses = draw(st.sampled_from([(PAYING, "hold"), (PAYING, "hold", "deny")]))
+    n = draw(st.integers(2 * len(statuses) + 1, 10))
+    clean = list(statuses) * 2
+    of_task = clean + [draw(st.sampled_from(statuses)) for _ in range(n - len(clean))]
+    order = draw(st.permutations(range(n)))  # task order[j] gets status j
+    status_of = {order[j]: s for j, s in enumerate(of_task)}
+    # A vendor shared by exactly the non-paying tasks would be a second explanation of the branch.
+    stopped = {i for i in range(n) if status_of[i] != PAYING}
+    assume(all(stopped != {i for i in range(n) if i % len(VENDORS) in vs} for vs in ({0}, {1}, {2}, {0, 1},
+                                                                                     {0, 2}, {1, 2})))  # fmt: skip
+    may_fail = [order[j] for j in range(len(clean), n) if of_task[j] == PAYING]
+    faulty = {f: draw(st.sampled_from([None, *may_fail])) for f in BRANCH_FAULTS}
+    runs, status, faults = [], {}, {}
+    for i in range(n):
+        planted_here = frozenset(f for f, task in faulty.items() if task == i)
+        for r in range(draw(st.integers(3, 5))):
+            t = ap_run(i, r, status_of[i], planted_here)
+            runs.append(t)
+            status[t.trace_id], faults[t.trace_id] = status_of[i], planted_here
+    return runs, status, faults
+
+
+def _candidates(result: Any) -> list[Candidate]:
+    return [c for g in result.groups for c in g.kept + g.implied]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(branched())
+def test_a_branch_decided_by_a_tools_answer_is_proposed_guarded(
+    planted_runs: tuple[list[Trajectory], dict[str, str], dict[str, frozenset[str]]],
+) -> None:
+    runs, status, faults = planted_runs
+    result = mine(runs, Options(min_support=0.6, min_applied=5))
+    candidates = _candidates(result)
+    got = verdicts(compile_candidates(candidates), runs)
+    # Nothing proposed fails a run without a fault, the stopped (non-paying) ones included.
+    for c in candidates:
+        assert not [tid for tid, v in got[c.id].items() if v == "fail" and not faults[tid]], (c.text, c.when)
+    # Support is what the check says, guarded candidates included.
+    for c in candidates:
+        assert sum(v == "fail" for v in got[c.id].values()) == c.failed, c.text
+        assert sum(v == "pass" for v in got[c.id].values()) >= c.held, c.text
+    # Paying is proposed where the vendor check said ok, and not paying where it did not.
+    pays = {tid for tid, s in status.items() if s == PAYING}
+    must = [c for c in candidates if c.key == ("must_call", "pay")]
+    assert len(must) == 1 and must[0].when is not None
+    assert (must[0].held, must[0].applied) == (len(pays), len(pays))
+    assert {tid for tid, v in got[must[0].id].items() if v == "pass"} == pays
+    never = [c for c in candidates if c.key == ("never_call", "pay")]
+    assert len(never) == 1 and (never[0].held, never[0].applied) == (len(runs) - len(pays),) * 2
+    assert {tid for tid, v in got[never[0].id].items() if v == "pass"} == set(status) - pays
+    # Paying is guarded by the status; no guard reads the invoice id (the task).
+    assert '["status"]' in str(must[0].when) and '["status"]' in str(never[0].when)
+    assert not [c.when for c in candidates if c.when and '["id"]' in c.when]
+    # The faults stay counter-examples, of unguarded rules (proposed when supported enough).
+    pays_twice = {tid for tid, f in faults.items() if "pay_twice" in f}
+    for fault, key, applies in (("skip_dup", ("must_call", "check_dup"), set(status)),
+                                ("pay_twice", ("call_count", "pay", None, 1), set(status)),
+                                ("no_audit", ("responds", "pay", "audit"), pays)):  # fmt: skip
+        broken = sorted(tid for tid, f in faults.items() if fault in f)
+        assert not [c.text for c in candidates if c.key[:2] == key[:2] and c.when], fault
+        if broken and 1 - len(broken) / len(applies) >= 0.6 and not (fault == "pay_twice" and len(pays_twice)
+                                                                       / len(runs) > 0.4):  # fmt: skip
+            c = _found(result, key)
+            assert c.failed == len(broken) and c.applied == len(applies) and sorted(c.examples) == broken[:LIMIT]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 4), st.integers(0, 3), st.integers(5, 7))
+def test_a_field_that_names_the_task_never_guards(tasks: int, faulty: int, runs: int) -> None:
+    """The invoice id (one per task, as few values as a branch's) separates a fault planted in
+    every run of one task exactly; it is still a fault. Tasks are told by the first call's
+    arguments here (no case id)."""
+    faulty %= tasks
+    trajectories = [ap_run(i, r, PAYING, frozenset({"skip_dup"}) if i == faulty else frozenset(), case_id=False)
+                    for i in range(tasks) for r in range(runs)]  # fmt: skip
+    result = mine(trajectories, Options(min_support=0.5, min_applied=5))
+    assert not [c.text for c in _candidates(result) if c.when]
+    c = _found(result, ("must_call", "check_dup"))
+    assert (c.failed, c.applied) == (runs, tasks * runs)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sets(st.integers(0, 29), min_size=5, max_size=9), st.booleans())
+def test_an_answer_after_the_fault_does_not_explain_it(twice: set[int], before: bool) -> None:
+    """A payment check answering "twice" once a payment was made twice reports the fault: it
+    comes after the second payment, so the double payment stays a counter-example. Asked
+    before the second payment (the agent paid again because of the answer) it is a branch."""
+    trajectories = []
+    for i in range(30):
+        again = i in twice
+        answer = ("verify", {"id": i}, {"status": "twice" if again else "once"})
+        pay = ("pay", {"id": i}, {"paid": True})
+        calls: list[Any] = [("fetch", {"id": i}, {"id": i}), pay]
+        calls += ([answer, pay] if before else [pay, answer]) if again else [answer]
+        trajectories.append(trajectory(f"t{i:02d}", calls))
+    result = mine(trajectories, Options(min_support=0.7, min_applied=5))
+    counts = [c for c in _candidates(result) if c.kind == "call_count" and c.key[1] == "pay"]
+    assert len(counts) == 1
+    c, n_twice = counts[0], len(twice)
+    if before:
+        assert c.when is not None and (c.held, c.applied) == (30 - n_twice, 30 - n_twice)
+    else:
+        assert c.when is None and (c.failed, c.applied) == (n_twice, 30)

@@ -36,15 +36,55 @@ quantity (a numeric argument, tokens) is widened: the tightest bound would flag 
 ten times it, and a lower bound is 0 when no value was negative; what it flags is then a slip
 (a missing decimal point, a runaway loop), not the upper end of normal.
 
-Time O(N * (L + k^2 + k * G + L * A)) for N trajectories (A: argument candidates per call),
-memory O(G^2 + budget buckets + argument candidates * shapes + warmup * L), independent of N
-(counter-examples are capped at ``examples`` per candidate). A relation that first shows after
-the warm-up, or a tool past ``max_tools``, is not proposed.
+- branches: discovered in the warm-up, the result fields that may decide what the agent does
+  next (below); then per trajectory, for each such field it returned, the tool counts above
+  (without counter-examples) in the table of the field's value, and the failures that happened
+  before the field was returned. O(L + B * (k^2 + k * G)) for B branch fields returned.
+
+Time O(N * (L + k^2 + k * G + L * A + B * (k^2 + k * G))) for N trajectories (A: argument
+candidates per call), memory O(G^2 * (1 + branch_fields * branch_values) + budget buckets +
+argument candidates * shapes + warmup * L), independent of N (counter-examples are capped at
+``examples`` per candidate). A relation that first shows after the warm-up, or a tool past
+``max_tools``, is not proposed.
+
+**Branches.** A run that takes the other side of a data-decided branch (the vendor check says
+sanctioned, so the agent flags and does not pay) breaks the paying path's habits without being
+a fault. A *branch field* is a scalar field at a path of map keys in the captured results of
+one tool: text (up to 64 characters), an integer or a boolean, the answers that steer an agent
+(not a measurement). In the warm-up it must have two to ``branch_values`` values, all of one
+type, one per trajectory (calls that disagree disqualify it), and at least twice as many
+distinct *tasks* as values among the trajectories that returned it: on average every value is
+shared by two tasks, which an identifier of the task (an invoice id, the vendor of one invoice:
+one value per task) or anything derived from it is not, so a deterministic fault of one task
+cannot be explained by it. A trajectory's task is its ``plumb.case.id``, else the arguments of
+its first successful tool call (the input it started from); a trajectory with neither counts no
+task. Up to ``branch_fields`` fields are kept (fewest values first); one that shows more values
+later, or two values in one trajectory, is dropped (its tables freed).
+
+A ``must_call``, ``precedes``, ``responds``, ``never_call`` after or ``call_count`` candidate
+(at any support) is *separated* by a branch field when its failures are exactly the
+trajectories whose field had one of a set of values S: it failed in every trajectory with a
+value in S, held in every other (the field missing included), at least ``min_applied``
+trajectories had a value in S and some other value was seen where it applied; every value seen
+where it applied is representative: it applied in all the value's trajectories, or in those of
+two tasks at least (else what the value "decides" is one task's runs, the rest of the value's
+trajectories out of its reach: a fault of that task, on either side); and no failure in S
+happened before the field was returned (a ``precedes`` at its first unpreceded call, a
+``never_call`` after at its last call, a ``call_count`` at the tool's last call): the agent
+reacted to the answer, rather than the answer reporting the fault (a payment check that says
+"duplicate" after a double payment). The first field in that order that separates it decides.
+The candidate is then proposed as ``when: !steps.exists(<a successful call of the tool returned
+a value in S>)`` (held in all of them), and a ``must_call T`` also as ``never_call T`` when the
+tool did return one (T was called in none of them); the unguarded candidate is not proposed. A
+candidate broken both by a branch and elsewhere is left as it is: its counter-examples cannot be
+told apart. A fault present in every run of a value no other task shares (the one vendor in a
+country) is indistinguishable from a branch in the data; the review step is where it is told.
 
 Candidates implied by others are dropped (``candidates.prune``), testing the weakest first and
 only against kept candidates whose support rate is at least its own, so that deleting a less
-supported rule in review never loses a better supported one it stood for. The rules (each a
-logical implication under the check's semantics):
+supported rule in review never loses a better supported one it stood for. A guarded candidate
+is implied only by unguarded ones and ones of the same guard (all of them hold where the guard
+is true). The rules (each a logical implication under the check's semantics):
 
 - ``precedes a -> c`` by a path of kept ``precedes`` a -> b -> ... -> c (transitive);
 - ``responds a -> c`` by a path of kept ``responds``; or by ``precedes a -> b`` (a path),
@@ -59,7 +99,7 @@ logical implication under the check's semantics):
   most once (typed equality is transitive); one ``call_count`` per tool by construction (the
   smallest max from 1, the largest min from 2: min 1 is ``must_call``).
 
-``must_call``, formats and numeric ranges are never dropped: ``precedes a -> b`` with
+``must_call``, ``never_call``, formats and numeric ranges are never dropped: ``precedes a -> b`` with
 ``must_call b`` implies ``must_call a``, but a reviewer who deletes an order rule should not
 lose the call it implied. ``never_call b`` with scope ``before: a`` is ``precedes a -> b``, so it
 is not proposed separately. A dataflow whose value never varied is not proposed (two constants

@@ -54,8 +54,9 @@ def slug(text: str) -> str:
     return _SLUG.sub("-", text).strip("-") or "x"
 
 
-# Per value of a branch field: (applied, held, failed late) of a candidate, from its counts.
-PerValue = Callable[[ValueCounts], tuple[int, int, int]]
+# Per value of a branch field: (applied, held, failed late, tasks applied to up to 2) of a
+# candidate, from its counts.
+PerValue = Callable[[ValueCounts], tuple[int, int, int, int]]
 
 
 class _Builder:
@@ -91,21 +92,26 @@ class _Builder:
 
     def _separated(self, per_value: PerValue, failed: int) -> tuple[Branch, list[Any], int] | None:
         """The first branch field whose values split the trajectories exactly: every failure in
-        trajectories with a value in which the candidate always failed, never late, at least
-        ``min_applied`` of them, and another value seen where it held. (field, those values, count)."""
+        trajectories with a value with which the candidate failed wherever it applied, never
+        late, at least ``min_applied`` of them; another value seen where it held; and every value
+        seen where it applied representative (it applied in all the value's trajectories, or in
+        those of two tasks at least). (field, the failing values, their trajectories)."""
         for br in self.branches:
             values, broken, other = [], 0, 0
             for v, table in br.tables.items():
-                applied, held, late = per_value(table)
+                applied, held, late, tasks = per_value(table)
                 if not applied:
                     continue
+                if applied < table.n and tasks < 2:
+                    break
                 if held == 0 and late == 0:
                     values.append(v)
                     broken += applied
                 else:
                     other += applied
-            if values and broken == failed and other and broken >= self.min_applied:
-                return br, sorted(values, key=_literal), broken
+            else:
+                if values and broken == failed and other and broken >= self.min_applied:
+                    return br, sorted(values, key=_literal), broken
         return None
 
     def _guarded(self, name: str, key: tuple[Any, ...], check: dict[str, Any], held: int, text: str, br: Branch,
@@ -197,19 +203,19 @@ def build(counts: GroupCounts, min_support: float, min_applied: int) -> list[Can
 
 
 def _called(i: int) -> PerValue:
-    return lambda v: (v.n, v.present[i], 0)
+    return lambda v: (v.n, v.present[i], 0, len(v.tasks_with[None]))
 
 
 def _preceded(key: int, then: int) -> PerValue:
-    return lambda v: (v.present[then], v.precedes[key], v.late_precedes[key])
+    return lambda v: (v.present[then], v.precedes[key], v.late_precedes[key], len(v.tasks_with[then]))
 
 
 def _responded(key: int, trigger: int) -> PerValue:
-    return lambda v: (v.present[trigger], v.responds[key], 0)
+    return lambda v: (v.present[trigger], v.responds[key], 0, len(v.tasks_with[trigger]))
 
 
 def _not_after(key: int, after: int) -> PerValue:
-    return lambda v: (v.present[after], v.present[after] - v.after[key], v.late_after[key])
+    return lambda v: (v.present[after], v.present[after] - v.after[key], v.late_after[key], len(v.tasks_with[after]))
 
 
 def _call_count(b: _Builder, i: int, tool: str, hist: Histogram, n: int, absent: list[str]) -> None:
@@ -243,11 +249,11 @@ def _call_count(b: _Builder, i: int, tool: str, hist: Histogram, n: int, absent:
     def within(x: int) -> bool:
         return bool((low is None or x >= low) and x <= high)
 
-    def per_value(v: ValueCounts) -> tuple[int, int, int]:
+    def per_value(v: ValueCounts) -> tuple[int, int, int, int]:
         mine = [(x, k) for (t, x), k in v.counts.items() if t == i]
         held = sum(k for x, k in mine if within(x)) + (v.n - v.present[i] if low is None else 0)
         late = sum(k for (t, x), k in v.late_counts.items() if t == i and not within(x))
-        return v.n, held, late
+        return v.n, held, late, len(v.tasks_with[None])
 
     bounds = f"{low}..{high}" if low is not None else f"at most {high}"
     b.add(f"count-{tool}", ("call_count", tool, low, high), {"call_count": spec}, n, held, examples,

@@ -12,7 +12,7 @@ import contextlib
 import json
 import math
 import re
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -346,7 +346,7 @@ class ValueCounts:
     ``never_call`` after at the last call, ``call_count`` at the tool's last call."""
 
     __slots__ = ("after", "counts", "late_after", "late_counts", "late_precedes", "n", "precedes", "present",
-                 "responds")  # fmt: skip
+                 "responds", "tasks_with")  # fmt: skip
 
     def __init__(self) -> None:
         self.n = 0
@@ -359,12 +359,19 @@ class ValueCounts:
         self.after: Counter[int] = Counter()
         self.late_precedes: Counter[int] = Counter()
         self.late_after: Counter[int] = Counter()
+        # Up to two tasks of the trajectories (None) and of those that called each tool.
+        self.tasks_with: defaultdict[int | None, set[Hashable]] = defaultdict(set)
 
-    def add(self, calls: Calls, p: int, m: int) -> None:
+    def add(self, calls: Calls, p: int, m: int, task: Hashable | None) -> None:
         """Count one trajectory, whose field was first returned by the call at position ``p``."""
         self.n += 1
+        if task is not None:
+            for x in (None, *calls.count):
+                tasks = self.tasks_with[x]
+                if len(tasks) < 2:
+                    tasks.add(task)
         last = calls.last
-        self.present.update(calls.count)
+        self.present.update(calls.count.keys())
         for b, n in calls.count.items():
             self.counts[(b, n)] += 1
             if last[b] < p:
@@ -754,6 +761,7 @@ class GroupCounts:
                         branch.kill()
             position += 1
         m, limit = self._m, self.limits.branch_values
+        task = self._task(t) if found else None
         for branch, (v, p) in found.items():
             if branch.dead:
                 continue
@@ -766,7 +774,7 @@ class GroupCounts:
                     branch.kill()
                     continue
                 table = branch.tables[v] = ValueCounts()
-            table.add(calls, p, m)
+            table.add(calls, p, m, task)
 
 
 class Memo:
