@@ -7,8 +7,10 @@ Two measurements in one run:
   replaying it and mining every trajectory (what ``otel-plumb suggest`` does), as trajectories/s
   and their ratio;
 - mining alone on ``--trajectories`` generated trajectories of 20 steps (10 model calls, 10 tool
-  calls of 8 tools with arguments and results, invariants and a few faults planted), built as
-  ``Trajectory`` objects so only the miner is timed.
+  calls of 8 tools with arguments and results, invariants and a few faults planted, and a
+  branch: when the stock check answers ``backorder``, one order in five, the agent notifies
+  instead of reserving and charging), built as ``Trajectory`` objects so only the miner is
+  timed, branch tables included.
 
 Times are CPU time of this process (``time.process_time``), so a busy machine does not move them.
 Target: 100k trajectories of 20 steps mined in under a minute on one core.
@@ -36,7 +38,8 @@ TARGET_SECONDS = 60.0
 
 
 def generated(n: int, seed: int = 3) -> list[Trajectory]:
-    """``n`` trajectories of 20 steps: model call, tool call, ... (the tool path varies a little)."""
+    """``n`` trajectories of 20 steps: model call, tool call, ... (the tool path varies a little,
+    and by the stock check's answer)."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
@@ -45,6 +48,9 @@ def generated(n: int, seed: int = 3) -> list[Trajectory]:
         path = list(TOOLS)
         if rng.random() < 0.3:
             path[1], path[2] = path[2], path[1]
+        stock = "backorder" if rng.random() < 0.2 else "in_stock"
+        if stock == "backorder":
+            path[path.index("reserve")], path[path.index("charge")] = "notify", "log"
         path += ["search", "log"]
         steps: list[Step] = []
         t0 = 1_700_000_000_000_000_000 + i * 10**9
@@ -53,7 +59,7 @@ def generated(n: int, seed: int = 3) -> list[Trajectory]:
                               tokens=rng.randrange(100, 900)))  # fmt: skip
             fault = rng.random() < 0.01
             args = {"order_id": order, "amount": amount * (10 if fault and tool == "charge" else 1), "page": k}
-            result = {"order_id": order, "total": amount, "status": "ok"}
+            result = {"order_id": order, "total": amount, "status": stock if tool == "check_stock" else "ok"}
             steps.append(Step(2 * k + 1, "tool", tool, f"{i:08x}{2 * k + 1:08x}", None, f"{i:032x}", t0 + 10**6,
                               t0 + 2 * 10**6, "genai", args=args, args_status="captured", result=result,
                               result_status="captured"))  # fmt: skip
