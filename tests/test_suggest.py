@@ -477,3 +477,24 @@ def test_an_answer_after_the_fault_does_not_explain_it(twice: set[int], before: 
         assert c.when is not None and (c.held, c.applied) == (30 - n_twice, 30 - n_twice)
     else:
         assert c.when is None and (c.failed, c.applied) == (n_twice, 30)
+
+
+def test_a_branch_inside_a_group_is_guarded_by_both(tmp_path: Path) -> None:
+    """Grouped by agent, the payer's branch is guarded by the group and the answer together,
+    as the written policy says; the refunder's trajectories are out of both."""
+    trajectories = []
+    for i in range(15):
+        t = ap_run(i, 0, PAYING if i % 3 else "hold", frozenset())
+        t.agent = "payer"
+        r = trajectory(f"r{i}", [("refund", {"id": f"R-{i}"}, {"status": "hold" if i % 3 else PAYING})])
+        r.agent = "refunder"
+        trajectories += [t, r]
+    result = mine(trajectories, Options(min_support=0.9, group_by="agent"))
+    path = tmp_path / "p.yaml"
+    path.write_text(policy_yaml(result, "mined", "x"))
+    got = verdicts(load_policy(path), trajectories)
+    pays = {f"t{i:02d}r0" for i in range(15) if i % 3}
+    must = got["payer.must-call-pay-unless-vendor_check-status-hold"]
+    assert {tid for tid, v in must.items() if v == "pass"} == pays
+    assert {tid for tid, v in must.items() if v == "not_applicable"} == {t.trace_id for t in trajectories} - pays
+    assert all(v != "fail" for by_trace in got.values() for v in by_trace.values())

@@ -9,6 +9,7 @@ the source tool before the checked call, budgets count every step.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import re
@@ -362,14 +363,14 @@ class ValueCounts:
         # Up to two tasks of the trajectories (None) and of those that called each tool.
         self.tasks_with: defaultdict[int | None, set[Hashable]] = defaultdict(set)
 
-    def add(self, calls: Calls, p: int, m: int, task: Hashable | None) -> None:
-        """Count one trajectory, whose field was first returned by the call at position ``p``."""
+    def add(self, calls: Calls, p: int, m: int, task: Callable[[], Hashable | None]) -> None:
+        """Count one trajectory, whose field was first returned by the call at position ``p``
+        (``task``: its task, asked for only while there are fewer than two)."""
         self.n += 1
-        if task is not None:
-            for x in (None, *calls.count):
-                tasks = self.tasks_with[x]
-                if len(tasks) < 2:
-                    tasks.add(task)
+        for x in (None, *calls.count):
+            tasks = self.tasks_with[x]
+            if len(tasks) < 2 and (key := task()) is not None:
+                tasks.add(key)
         last = calls.last
         self.present.update(calls.count.keys())
         for b, n in calls.count.items():
@@ -761,7 +762,7 @@ class GroupCounts:
                         branch.kill()
             position += 1
         m, limit = self._m, self.limits.branch_values
-        task = self._task(t) if found else None
+        task = functools.cache(lambda: self._task(t))
         for branch, (v, p) in found.items():
             if branch.dead:
                 continue
