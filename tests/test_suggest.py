@@ -498,3 +498,21 @@ def test_a_branch_inside_a_group_is_guarded_by_both(tmp_path: Path) -> None:
     assert {tid for tid, v in must.items() if v == "pass"} == pays
     assert {tid for tid, v in must.items() if v == "not_applicable"} == {t.trace_id for t in trajectories} - pays
     assert all(v != "fail" for by_trace in got.values() for v in by_trace.values())
+
+
+def test_a_field_past_the_warm_up_with_more_values_or_two_in_a_run_is_dropped() -> None:
+    def runs(statuses: Sequence[str], start: int) -> list[Trajectory]:
+        return [ap_run(start + i, 0, s, frozenset()) for i, s in enumerate(statuses)]
+
+    warm = runs([PAYING, "hold"] * 10, 0)
+    answers = [("vendor_check", {}, {"status": "hold"}), ("vendor_check", {}, {"status": PAYING})]
+    for later in (runs(["deny", "stop", "wait"], 100), [trajectory("twice", answers)]):
+        counts = GroupCounts(Limits(warmup=len(warm)))
+        for t in warm:
+            counts.add(t)
+        assert ("vendor_check", "status") in [(b.tool, b.path) for b in counts.branches]
+        for t in later:
+            counts.add(t)
+        assert ("vendor_check", "status") not in [(b.tool, b.path) for b in counts.branches]
+        assert [b.path for b in counts.branches_of["vendor_check"]] == ["vendor"]
+        assert not [c.text for c in build(counts, 0.5, 5) if c.when and '["status"]' in c.when]

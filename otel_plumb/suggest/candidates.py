@@ -65,7 +65,6 @@ class _Builder:
         self.min_support, self.min_applied = min_support, min_applied
         self.out: list[Candidate] = []
         self.ids: set[str] = set()
-        self.branches = [br for br in counts.branches if not br.dead]
 
     def ok(self, held: int, applied: int) -> bool:
         return applied >= self.min_applied and applied > 0 and held / applied >= self.min_support
@@ -96,7 +95,7 @@ class _Builder:
         late, at least ``min_applied`` of them; another value seen where it held; and every value
         seen where it applied representative (it applied in all the value's trajectories, or in
         those of two tasks at least). (field, the failing values, their trajectories)."""
-        for br in self.branches:
+        for br in self.c.branches:
             values, broken, other = [], 0, 0
             for v, table in br.tables.items():
                 applied, held, late, tasks = per_value(table)

@@ -390,22 +390,17 @@ class ValueCounts:
 
 class Branch:
     """A result field of one tool that may decide a branch: counts per value, at most
-    ``branch_values`` of them; ``dead`` once it showed more, or two in one trajectory."""
+    ``branch_values`` of them (dropped once it shows more, or two in one trajectory)."""
 
-    __slots__ = ("dead", "keys", "kind", "tables", "tool")
+    __slots__ = ("keys", "kind", "tables", "tool")
 
     def __init__(self, tool: str, keys: tuple[str, ...], kind: type) -> None:
         self.tool, self.keys, self.kind = tool, keys, kind
         self.tables: dict[Any, ValueCounts] = {}
-        self.dead = False
 
     @property
     def path(self) -> str:
         return ".".join(self.keys)
-
-    def kill(self) -> None:
-        self.dead = True
-        self.tables.clear()
 
     def value(self, result: Any) -> Any:
         v = result
@@ -747,6 +742,7 @@ class GroupCounts:
         if not self.branches:
             return
         found: dict[Branch, tuple[Any, int]] = {}
+        dropped: set[Branch] = set()
         position = 0
         for s in t.steps:
             if s.kind != "tool" or s.error is not None or s.name not in self.index:
@@ -759,23 +755,25 @@ class GroupCounts:
                         continue
                     got = found.setdefault(branch, (v, position))
                     if got[0] != v or type(got[0]) is not type(v):
-                        branch.kill()
+                        dropped.add(branch)
             position += 1
         m, limit = self._m, self.limits.branch_values
         task = functools.cache(lambda: self._task(t))
         for branch, (v, p) in found.items():
-            if branch.dead:
-                continue
-            if type(v) is not branch.kind:
-                branch.kill()
+            if branch in dropped:
                 continue
             table = branch.tables.get(v)
             if table is None:
-                if len(branch.tables) >= limit:
-                    branch.kill()
+                if type(v) is not branch.kind or len(branch.tables) >= limit:
+                    dropped.add(branch)
                     continue
                 table = branch.tables[v] = ValueCounts()
             table.add(calls, p, m, task)
+        for branch in dropped:
+            # Not a branch after all: it costs nothing from here on.
+            branch.tables.clear()
+            self.branches.remove(branch)
+            self.branches_of[branch.tool].remove(branch)
 
 
 class Memo:
