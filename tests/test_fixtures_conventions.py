@@ -36,6 +36,7 @@ CONVENTIONS = {
     "mlflow_tracing": "mlflow",
     "openai_v2": "otel_genai",
     "openai_v2_no_content": "otel_genai",
+    "openai_v2_with_httpx": "otel_genai",
     "openinference_langchain": "openinference",
     "openinference_openai": "openinference",
     "openinference_openai_hidden": "openinference",
@@ -56,6 +57,9 @@ CONVENTIONS = {
     "vercel_ai_sdk": "vercel_ai",
     "vercel_ai_sdk_no_content": "vercel_ai",
 }
+# Traces of services that are no agent, captured from their instrumentation beside the agents'.
+NOT_AGENT = {"httpx_service"}
+AGENT_NAMES = [n for n in NAMES if n not in NOT_AGENT]
 
 
 def load(name: str) -> tuple[dict[str, Any], list[SpanRecord]]:
@@ -76,10 +80,10 @@ def trajectory(spans: list[SpanRecord]) -> Trajectory:
 
 
 def test_every_fixture_is_checked():
-    assert sorted(CONVENTIONS) == NAMES
+    assert sorted([*CONVENTIONS, *NOT_AGENT]) == NAMES
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", AGENT_NAMES)
 def test_fixture_gives_the_expected_tool_steps(name):
     expected, spans = load(name)
     assert len(spans) == expected["span_count"]
@@ -97,6 +101,24 @@ def test_fixture_gives_the_expected_tool_steps(name):
         assert (step.args_source is None) == (step.args_status == "absent")
     assert CONVENTIONS[name] in CAPTURE_HINTS
     assert t.attributes.get("service.name") == "billing-agent"
+    assert t.has_agent_spans
+
+
+def test_http_client_spans_are_not_an_agent_run():
+    expected, spans = load("httpx_service")
+    assert len(spans) == expected["span_count"] == 4
+    t = trajectory(spans)
+    assert (t.complete, t.tool_steps, t.has_agent_spans) == (True, [], False)
+    assert sorted(s.name for s in t.steps) == ["GET", "GET", "POST", "sync_orders"]
+    assert {s.convention for s in t.steps} == {"unknown"}
+
+
+def test_http_client_spans_under_model_calls_leave_the_tool_steps_alone():
+    _, spans = load("openai_v2_with_httpx")
+    t = trajectory(spans)
+    http = [s for s in t.steps if s.name == "POST"]
+    assert len(http) == 3 and all(s.kind == "other" for s in http)
+    assert [s.name for s in t.tool_steps] == ["lookup_invoice", "send_payment"]
 
 
 @pytest.mark.parametrize(

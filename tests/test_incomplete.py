@@ -17,6 +17,7 @@ from otel_plumb.cli.main import cli
 from otel_plumb.intake import Intake, Source
 from otel_plumb.model import SpanRecord
 from otel_plumb.receive.otlp import request_records
+from otel_plumb.receive.otlp_json import parse_request
 from otel_plumb.replay import replay
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,3 +184,24 @@ def test_a_violation_in_the_terminal_names_the_task_key_and_the_trace() -> None:
     assert res.exit_code == 1, res.output  # the file twice is still one double payment, not four
     assert re.search(r"FAIL critical pay-once  INV-\d+ [0-9a-f]{16} step \d+", res.output), res.output
     assert res.output.count("FAIL critical pay-once") == 1
+
+
+def test_a_trace_of_http_spans_is_unchecked_unless_some_of_it_could_not_be_read() -> None:
+    """No agent span: no policy applies (``must_call`` would fail on every HTTP trace). But a
+    span that could not be read may have been the agent's: then the policies apply and the data
+    cannot say, so indeterminate."""
+    fixture = Path(__file__).parent / "fixtures" / "conventions" / "httpx_service.jsonl"
+    requests = [parse_request(json.loads(line)) for line in fixture.read_text().splitlines()]
+    records = [r for request in requests for r in request_records(request)]
+    assert len(records) == 4
+    intact, damaged = Intake(), Intake()
+    for record in records:
+        intact.add(record, None, 0.0)
+    for record in records[1:]:
+        damaged.add(record, None, 0.0)
+    damaged.unreadable(Source("request"), "span rejected", records[0].trace_id)
+    (t,) = [intact.trajectory(f) for f in intact.drain(1.0)]
+    (cut,) = [damaged.trajectory(f) for f in damaged.drain(1.0)]
+    decided = decide([POLICY], t)
+    assert (decided.status, decided.policies, decided.verdicts) == ("unchecked", [], [])
+    assert decide([POLICY], cut).status == "indeterminate"

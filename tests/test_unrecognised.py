@@ -85,5 +85,6 @@ def test_plain_http_database_and_application_spans_are_not_unrecognised() -> Non
     ]))  # fmt: skip
     assert trajectory.complete, trajectory.problems
     assert {s.convention for s in trajectory.steps} == {"unknown"}
-    # Nothing hides a tool call here: the agent called none, and that is a real violation.
-    assert {v.invariant for v in d.verdicts if v.verdict == "fail"} == {"must-lookup"}
+    # Nothing hides a tool call here, and nothing is an agent's: a service's own traffic (a
+    # health check, a batch job) that no policy applies to, not an agent that skipped a call.
+    assert (d.status, d.policies, d.verdicts) == ("unchecked", [], [])

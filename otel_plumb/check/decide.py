@@ -9,11 +9,16 @@ from collections.abc import Iterable, Sequence
 
 from otel_plumb.check.policy import CompiledPolicy
 from otel_plumb.model import Decided, Trajectory, Verdict, trajectory_status
+from otel_plumb.model.trajectory import UNREADABLE_INPUT, UNREADABLE_SPAN
 from otel_plumb.redact import Redaction, RedactionConfig
 
 
 def decide(policies: Iterable[CompiledPolicy], trajectory: Trajectory) -> Decided:
-    applied = [p for p in policies if p.applies_to(trajectory)]
+    agent_run = _agent_run(trajectory)
+    applied = [
+        p for p in policies
+        if p.applies_to(trajectory) and (agent_run or p.unread_tool_span(trajectory) is not None)
+    ]  # fmt: skip
     verdicts: list[Verdict] = []
     for p in applied:
         verdicts.extend(p.evaluate(trajectory))
@@ -25,6 +30,17 @@ def decide(policies: Iterable[CompiledPolicy], trajectory: Trajectory) -> Decide
     status = trajectory_status(trajectory, verdicts, checked=bool(applied))
     return Decided(trajectory, verdicts, [p.name for p in applied], status)
 
+
+def _agent_run(trajectory: Trajectory) -> bool:
+    """Whether policies apply at all. A trace with no agent span (a gateway's HTTP and database
+    traffic) is not an agent's run: checking it would report every ``must_call`` as violated.
+    Unless some of its spans could not be read: those may have been the agent's, so the policies
+    apply and say indeterminate. (So does a policy one of whose tools names a span no convention
+    reads: ``CompiledPolicy.unread_tool_span``.)"""
+    return trajectory.has_agent_spans or trajectory.incomplete_reason in _UNREAD
+
+
+_UNREAD = frozenset({UNREADABLE_SPAN, UNREADABLE_INPUT})
 
 # The HMAC key when none is configured: one per process, so hashed values compare equal within
 # one run (one report, one processor's lifetime) and not across runs.

@@ -263,7 +263,7 @@ class CompiledPolicy:
     def __repr__(self) -> str:
         return f"CompiledPolicy({self.name!r}, {len(self.invariants)} invariants)"
 
-    def _unread_tool_span(self, trajectory: Trajectory) -> str | None:
+    def unread_tool_span(self, trajectory: Trajectory) -> str | None:
         """A problem line when a span no convention reads carries one of the policy's tool names."""
         # Tools the trajectory shows calls of are read; the root is the application's own span.
         tools = self._tools - {s.name for s in trajectory.steps if s.kind == "tool"}
@@ -315,7 +315,7 @@ class CompiledPolicy:
         return ctx
 
     def evaluate(self, trajectory: Trajectory) -> list[Verdict]:
-        unread = None if not trajectory.complete else self._unread_tool_span(trajectory)
+        unread = None if not trajectory.complete else self.unread_tool_span(trajectory)
         if unread is not None:
             # Unrecognised is not absent: a span named like one of the policy's tools that no
             # convention reads may be that tool's call.

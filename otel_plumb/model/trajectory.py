@@ -154,6 +154,13 @@ class Trajectory:
         return [s for s in self.steps if s.kind == "tool"]
 
     @property
+    def has_agent_spans(self) -> bool:
+        """Whether any span is an agent's: an agent, model or tool span, or one that looks like
+        an agent framework's but follows no convention read here. A trace of HTTP, database and
+        application spans only is not an agent's run."""
+        return any(s.kind != "other" or s.convention == "unrecognised" for s in self.steps)
+
+    @property
     def case_id(self) -> str | None:
         return _str_or_none(self.attributes.get(CASE_ID))
 

@@ -874,7 +874,9 @@ class _ExportConsumer:
                 for payload in d.payloads:
                     redact_span(payload[0], scrub.text)
             if p._annotate:
-                annotate(d.payloads, t, decided.status, decided.policies, decided.verdicts, p._annotation_chars)
+                # A trace with no agent span goes out as it came: it is not a trajectory.
+                if t.has_agent_spans or decided.policies:
+                    annotate(d.payloads, t, decided.status, decided.policies, decided.verdicts, p._annotation_chars)
                 out.extend(d.payloads)
             elif t.trace_id:
                 verdict_spans.append(

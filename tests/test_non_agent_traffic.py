@@ -1,0 +1,116 @@
+"""A gateway sees more than agents: traces of plain HTTP services (here the real httpx
+instrumentation against a local server) go through the processor beside an agent's. They are no
+agent's run, so no policy applies to them: never a violation, forwarded exactly as sent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from test_live_support import (
+    agent_provider,
+    attribute,
+    config,
+    metric,
+    run_agent,
+    scrape,
+    sent_spans,
+    wait_until,
+)
+
+from otel_plumb.demo.agent import INVOICES
+from otel_plumb.demo.backend import OtlpBackend
+from otel_plumb.processor import Processor
+
+# No applies_to: the policy would apply to every trajectory, and must_call fails on any trace
+# that shows no such call.
+POLICY = """
+policy: everywhere
+invariants:
+  - {id: dup-check, severity: critical, must_call: check_duplicate}
+  - {id: short, budget: {max_steps: 40}}
+"""
+HTTP_TRACES = 5
+FAULTY_DUP_CHECK = sum(1 for i in INVOICES if i.fault == "skip_duplicate_check")
+
+
+class _Orders(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = json.dumps({"order": self.path.rsplit("/", 1)[-1]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _http_service(provider: Any, base: str) -> None:
+    """``HTTP_TRACES`` requests of an instrumented service, each two httpx calls under one span."""
+    import httpx
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+
+    instrumentor = HTTPXClientInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        tracer = provider.get_tracer("orders-app")
+        with httpx.Client(base_url=base) as client:
+            for n in range(HTTP_TRACES):
+                with tracer.start_as_current_span("sync_orders"):
+                    client.get(f"/orders/O-{n}").raise_for_status()
+                    client.get(f"/orders/O-{n}/lines").raise_for_status()
+    finally:
+        instrumentor.uninstrument()
+    provider.force_flush()
+    provider.shutdown()
+
+
+async def test_http_service_traces_are_forwarded_untouched_and_never_violate(tmp_path: Path) -> None:
+    policy = tmp_path / "everywhere.yaml"
+    policy.write_text(POLICY)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Orders)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    backend = OtlpBackend()
+    await backend.start(0)
+    processor = Processor(config(tmp_path, backend.endpoint, policies=[str(policy)]))
+    await processor.start()
+    try:
+        assert processor.grpc_port
+        http_provider, http_sent = agent_provider(processor.grpc_port, "grpc")
+        agent, agent_sent = agent_provider(processor.grpc_port, "grpc")
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        await asyncio.gather(
+            asyncio.to_thread(_http_service, http_provider, base), asyncio.to_thread(run_agent, agent)
+        )
+        http = sent_spans(http_sent)
+        sent = {**http, **sent_spans(agent_sent)}
+        assert len(http) == 3 * HTTP_TRACES
+        await wait_until(lambda: backend.span_count >= len(sent), 15, "every span downstream")
+        text = await asyncio.to_thread(scrape, processor.metrics_port or 0)
+    finally:
+        await processor.stop()
+        await backend.stop()
+        server.shutdown()
+        server.server_close()
+
+    received = backend.spans()
+    assert Counter(s.span_id.hex() for s in received) == Counter(sent.keys()), "every span exactly once"
+    for span in received:
+        if span.span_id.hex() in http:
+            # Not even plumb.verdict: the trace is not a trajectory.
+            assert span == http[span.span_id.hex()]
+    roots = [s for s in received if not s.parent_span_id and s.span_id.hex() not in http]
+    assert len(roots) == len(INVOICES)
+    assert all(attribute(r, "plumb.policy") == "everywhere" for r in roots)
+    violating = [r for r in roots if attribute(r, "plumb.verdict") == "violating"]
+    assert len(violating) == FAULTY_DUP_CHECK
+    assert metric(text, "plumb_violations_total", invariant="dup-check") == FAULTY_DUP_CHECK
+    assert metric(text, "plumb_violations_total") == FAULTY_DUP_CHECK
+    assert metric(text, "plumb_trajectories_total", status="unchecked") == HTTP_TRACES
+    assert metric(text, "plumb_trajectories_total", policy="everywhere") == len(INVOICES)
