@@ -75,7 +75,10 @@ reacted to the answer, rather than the answer reporting the fault (a payment che
 "duplicate" after a double payment). The first field in that order that separates it decides.
 The candidate is then proposed as ``when: !steps.exists(<a successful call of the tool returned
 a value in S>)`` (held in all of them), and a ``must_call T`` also as ``never_call T`` when the
-tool did return one (T was called in none of them); the unguarded candidate is not proposed. A
+tool did return one (T was called in none of them); the unguarded candidate is not proposed.
+Two guarded candidates may say the same for the values seen (``never_call T`` after the first
+call unless the usual answer, ``never_call T`` if the unusual one); they differ where the field
+is missing or has a value not seen, so neither is dropped. A
 candidate broken both by a branch and elsewhere is left as it is: its counter-examples cannot be
 told apart. A fault present in every run of a value no other task shares (the one vendor in a
 country) is indistinguishable from a branch in the data; the review step is where it is told.

@@ -3,7 +3,9 @@
 Everything here follows the check's semantics (``docs/policies.md``), so a candidate's support
 is what the check would have said: a failed call did not happen, an argument check looks at the
 successful calls with captured arguments, a dataflow source is the latest successful call of
-the source tool before the checked call, budgets count every step.
+the source tool before the checked call, budgets count every step. A branch field's tables
+count the tool relations again per value of the field (``ValueCounts``), as a guard reading
+that value would select the trajectories.
 """
 
 from __future__ import annotations
