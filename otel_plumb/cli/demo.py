@@ -15,7 +15,8 @@ import click
 @click.option("--keep-running", is_flag=True,
               help="Keep the console over the demo's trajectory store up (until Ctrl-C).")
 def demo(out_dir: str, rounds: int, keep_running: bool) -> None:
-    """Start the processor, run an accounts-payable agent against it (some runs faulty), print live verdicts."""
+    """Start the processor, run an accounts-payable agent against it (some runs faulty), print live verdicts,
+    then run a campaign of the agent's faulty build against a fixed one into the same store."""
     from otel_plumb.demo.run import main
 
     main(Path(out_dir), rounds, keep_running)

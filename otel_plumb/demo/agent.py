@@ -29,6 +29,7 @@ from opentelemetry.trace import Status, StatusCode
 from otel_plumb.agent import Faults, InjectedFault, in_trial
 
 AGENT = "ap-agent"
+SERVICE = "ap-service"
 MODEL = "scripted-ap-model"
 # After paying twice the agent keeps working for a while (as a real run would, between model
 # calls): the early verdict arrives while the run is still going, before its root span ends.
@@ -181,7 +182,7 @@ def run_all(provider: TracerProvider, invoices: tuple[Invoice, ...] = INVOICES) 
 def _campaign_trial(request: dict[str, Any], invoice: Invoice, retries: int) -> dict[str, Any]:
     """One campaign trial: the invoice of the request's case, in the trial's trace, exported to
     the campaign's receiver before answering."""
-    provider = TracerProvider(resource=Resource.create({"service.name": "ap-service"}))
+    provider = TracerProvider(resource=Resource.create({"service.name": SERVICE}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=request["otlp_endpoint"], insecure=True)))
     try:
         with in_trial(request):

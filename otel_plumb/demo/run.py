@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from otel_plumb.check import CompiledPolicy, load_policies
-from otel_plumb.demo.agent import INVOICES, run_all
+from otel_plumb.demo.agent import INVOICES, SERVICE, run_all
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.model import Decided
 from otel_plumb.processor import Processor, load_config
@@ -32,7 +32,6 @@ from otel_plumb.report import html
 from otel_plumb.report.coverage import coverage_report
 from otel_plumb.report.json_report import build_report, report_body
 
-SERVICE = "ap-service"
 STORE = "store.sqlite"
 CONSOLE_PORT = 8080
 # Parity's permutation test needs numpy, which a base install does not have.
@@ -163,9 +162,10 @@ async def run_campaign(store_path: Path, say: Callable[[str], None] = print) -> 
     from otel_plumb.campaign.store import Store
 
     loaded = load_campaign(campaign_path())
-    arms = " against ".join(loaded.spec.arms)
-    say(f"campaign {loaded.spec.campaign}: the agent's {arms} build, each invoice as it comes and with "
-        "check_duplicate failing once...")
+    fault = loaded.spec.perturbations.tool_fault
+    assert fault is not None
+    say(f"campaign {loaded.spec.campaign}: the agent's {' against '.join(loaded.spec.arms)} build, each invoice "
+        f"as it comes and with {' and '.join(fault.targets)} failing once...")
     store = Store(store_path)
     try:
         # Fresh answers each time: a cached one would show the previous demo's trace again.
