@@ -10,6 +10,7 @@ decision latency beyond idle_timeout, and the processor's peak RSS.
     python bench/live.py --realistic --sweep spans         # 10, 100, 1,000, 5,000 spans per trace
     python bench/live.py --realistic --sweep traces        # 1k, 10k, 50k traces in flight
     python bench/live.py --realistic --sweep payload       # 0, 1 KB, 100 KB per model call
+    python bench/live.py --realistic --sweep non-agent     # 0%, 20%, 100% HTTP/DB spans
     python bench/live.py --realistic --sweep spans --repeat 3   # the median of three runs per point
 
 The load generator sends pre-built ExportTraceServiceRequests with several requests in flight
@@ -87,15 +88,18 @@ SWEEPS = {
     "spans": [10, 100, 1000, 5000],  # spans per trace
     "traces": [1000, 10_000, 50_000],  # traces in flight
     "payload": [0, 1024, 100 * 1024],  # bytes of message content per model call
+    "non-agent": [0, 20, 100],  # percentage of HTTP and database spans (100: no agent at all)
 }
 
 
 def realistic_requests(
-    traces: int, per_trace: int, in_flight: int, payload: int, seed: int = 0
+    traces: int, per_trace: int, in_flight: int, payload: int, seed: int = 0, non_agent: int = 20
 ) -> list[tuple[bytes, list[bytes]]]:
     """``traces`` traces of ``per_trace`` spans, ``in_flight`` at a time, as a BatchSpanProcessor
     sends them: in the order the spans end (a turn at a time across the traces running), cut
     into requests of REALISTIC_BATCH spans; the roots end last, so they go in later requests.
+    ``non_agent``: the percentage of HTTP and database client spans (0, 20: one span in five,
+    or 100: a service that is no agent, its root an HTTP server span).
     Returns each request serialised with the trace ids whose roots it carries."""
     out: list[tuple[bytes, list[bytes]]] = []
     content = json.dumps([{"role": "user", "parts": [{"type": "text", "content": "x" * payload}]}]) if payload else ""
@@ -145,7 +149,7 @@ def realistic_requests(
             for t, i in ((t, i) for t in wave for i in turn):
                 start, end = t0 + i * 1000, t0 + i * 1000 + 900
                 tid, root = ids[t]
-                if i % 5 == 0:  # a fifth: HTTP or database client spans, under the last tool call
+                if non_agent >= 100 or (non_agent and i % (100 // non_agent) == 0):  # HTTP, database
                     http = i % 10 == 0
                     span = add(tid, ident(8), last_tool.get(t, root), "GET /orders" if http else "SELECT orders",
                                start, end)  # fmt: skip
@@ -180,8 +184,14 @@ def realistic_requests(
         flush()  # the roots end last: in a later request than the rest of their traces
         for t in wave:
             tid, root = ids[t]
-            span = add(tid, root, None, "invoke_agent support", t0, t0 + per_trace * 1000 + 1000)
             batch.roots.append(tid)
+            if non_agent >= 100:
+                span = add(tid, root, None, "POST /refunds", t0, t0 + per_trace * 1000 + 1000)
+                span.kind = Span.SPAN_KIND_SERVER
+                for key, value in (("http.request.method", "POST"), ("http.route", "/refunds")):
+                    span.attributes.add(key=key).value.string_value = value
+                continue
+            span = add(tid, root, None, "invoke_agent support", t0, t0 + per_trace * 1000 + 1000)
             for key, value in (("gen_ai.operation.name", "invoke_agent"), ("gen_ai.agent.name", "support")):
                 span.attributes.add(key=key).value.string_value = value
         flush()
@@ -513,20 +523,24 @@ async def realistic_main(args: argparse.Namespace) -> None:
     cpu_by_point: list[float] = []
     for point, value in points:
         traces, per_trace, in_flight, payload = realistic_shape(point, value, args)
-        requests = realistic_requests(traces, per_trace, in_flight, payload)
+        non_agent = value if point == "non-agent" else 20
+        requests = realistic_requests(traces, per_trace, in_flight, payload, non_agent=non_agent)
         total = count_spans(requests)
         runs = [await run_point(requests, total, in_flight * (per_trace - 1), args) for _ in range(args.repeat)]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         cpu_by_point.append(med["cpu_us"])
         label = {"spans": f"{value} spans/trace", "traces": f"{value:,} in flight", "payload": f"{value:,} B payload",
-                 None: f"{per_trace}x{in_flight:,}/{payload} B"}[point]  # fmt: skip
+                 "non-agent": f"{value}% non-agent", None: f"{per_trace}x{in_flight:,}/{payload} B"}[point]  # fmt: skip
         print(f"{label:>22} {total:>9,} {med['rate']:>9,.0f} {med['cpu_us']:>12.1f} {med['noop']:>14,.0f} "
               f"{med['rate'] / med['noop']:>6.1%} {med['throttles']:>9,.0f} {med['peak_mib']:>9,.0f} "
               f"{med['bytes_per_buffered']:>16,.0f}", flush=True)  # fmt: skip
         if med["at_sink"] < total or med["evicted"] or med["unchecked"]:
             print(f"  note: {med['at_sink']:,.0f} of {total:,} spans reached the sink; traces evicted "
                   f"{med['evicted']:,.0f}, spans unchecked (late, over a limit) {med['unchecked']:,.0f}")  # fmt: skip
-    if len(cpu_by_point) > 1:
+    if args.sweep == "non-agent":
+        print(f"CPU per span, agent traces / service traces (no agent span): {cpu_by_point[0] / cpu_by_point[-1]:.2f}x "
+              "(target: >= 3x)")  # fmt: skip
+    elif len(cpu_by_point) > 1:
         print(f"CPU per span, largest / smallest over the sweep: {max(cpu_by_point) / min(cpu_by_point):.2f}x; "
               f"last / first: {cpu_by_point[-1] / cpu_by_point[0]:.2f}x (target for spans and traces: <= 1.5x)")
 

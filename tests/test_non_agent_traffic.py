@@ -114,3 +114,6 @@ async def test_http_service_traces_are_forwarded_untouched_and_never_violate(tmp
     assert metric(text, "plumb_violations_total") == FAULTY_DUP_CHECK
     assert metric(text, "plumb_trajectories_total", status="unchecked") == HTTP_TRACES
     assert metric(text, "plumb_trajectories_total", policy="everywhere") == len(INVOICES)
+    # The verdict log (like the store and Watch) holds the agents' trajectories only.
+    logged = [json.loads(line) for line in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
+    assert sorted(r["trace_id"] for r in logged) == sorted(r.trace_id.hex() for r in roots)

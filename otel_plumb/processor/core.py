@@ -705,11 +705,18 @@ class Processor:
         if self.redaction is not None:
             for d in decisions:
                 d.redacted = self.redaction.decided(d.decided)
+        # A trace with no agent span is counted (unchecked) and goes out to the backend, but is
+        # no trajectory to log, store, stream or watch for consistency: a gateway's HTTP traffic
+        # would bury the agents' in them.
+        agent_runs = [d for d in decisions if d.decided.policies or d.decided.trajectory.has_agent_spans]
         # One failing consumer (the verdict log on a full disk) must not keep the decisions from
         # the others, the export above all: counted, logged at a bounded rate, and skipped.
         for consumer in self.consumers:
+            batch = decisions if isinstance(consumer, (MetricsConsumer, _ExportConsumer)) else agent_runs
+            if not batch:
+                continue
             try:
-                await consumer.consume(decisions)
+                await consumer.consume(batch)
             except Exception as exc:
                 name = "verdict_log" if isinstance(consumer, VerdictLogConsumer) else type(consumer).__name__
                 if isinstance(exc, OSError):
