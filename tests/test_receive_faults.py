@@ -46,6 +46,10 @@ SPANS_PER_REQUEST = 5  # trace_request(): a root and 4 tool spans
 
 # ---- helpers -----------------------------------------------------------------------------------
 
+# A probe of a process that keeps answering gets its answer well within this, even on a busy
+# shared machine; a wedged event loop or a dead listener never does.
+ANSWER_WITHIN = 5.0
+
 
 class Prober:
     """Probes /healthz (a new connection each time) and sends a valid gRPC Export every
@@ -73,7 +77,7 @@ class Prober:
             while not self._stop.is_set():
                 start = time.monotonic()
                 try:
-                    async with asyncio.timeout(1.0), session.get(url) as resp:
+                    async with asyncio.timeout(ANSWER_WITHIN), session.get(url) as resp:
                         assert resp.status == 200, resp.status
                 except (TimeoutError, aiohttp.ClientError, AssertionError) as exc:
                     self.failures.append(f"healthz: {exc!r}")
@@ -82,7 +86,7 @@ class Prober:
                 if stub is not None:
                     start = time.monotonic()
                     try:
-                        await stub.Export(trace_request(), timeout=1.0)
+                        await stub.Export(trace_request(), timeout=ANSWER_WITHIN)
                         self.grpc_spans += SPANS_PER_REQUEST
                     except grpc.aio.AioRpcError as exc:
                         self.failures.append(f"grpc: {exc.code()} {exc.details()}")
@@ -102,8 +106,8 @@ class Prober:
     def check(self) -> None:
         assert self.probes >= 3, "the prober hardly ran"
         assert not self.failures, self.failures[:5]
-        assert self.health_max < 1.0, f"/healthz took {self.health_max:.2f}s"
-        assert self.grpc_max < 1.0, f"gRPC Export took {self.grpc_max:.2f}s"
+        assert self.health_max < ANSWER_WITHIN, f"/healthz took {self.health_max:.2f}s"
+        assert self.grpc_max < ANSWER_WITHIN, f"gRPC Export took {self.grpc_max:.2f}s"
 
 
 @contextlib.asynccontextmanager
