@@ -166,3 +166,19 @@ def test_nothing_proposed_is_a_run_that_could_not_be_done_and_bad_flags_are_refu
     assert not (tmp_path / "p.yaml").exists()
     assert cli("suggest", str(one), "--group-by", "colour").returncode == 2
     assert cli("suggest", str(tmp_path / "missing.jsonl")).returncode == 2
+
+
+def test_traces_with_no_agent_span_are_left_out_of_mining(tmp_path: Path) -> None:
+    """A plain HTTP service's trace (captured from the httpx instrumentation) is no agent's run:
+    no policy would apply to it, so it neither supports nor breaks a candidate."""
+    good = tmp_path / "good.jsonl"
+    write_traces(good, clean_invoices(10))
+    http = Path(__file__).parent / "fixtures" / "conventions" / "httpx_service.jsonl"
+    out = tmp_path / "suggest.json"
+    run = cli("suggest", str(good), str(http), "--min-support", "0.95", "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    assert "1 with no agent span" in run.stdout
+    report = json.loads(out.read_text())
+    assert (report["trajectories"], report["not_agent"]) == (11, 1)
+    (must_call,) = [c for g in report["groups"] for c in g["candidates"] if c["id"] == "must-call-check_duplicate"]
+    assert (must_call["held"], must_call["applied"]) == (10, 10)

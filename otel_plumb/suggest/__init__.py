@@ -10,7 +10,8 @@ beside it says how far to trust it (``min_bound`` filters on it too).
 
 Algorithm: one pass, streaming, per task group (all trajectories, or one group per agent or per
 value of a task attribute). Complete trajectories only: an incomplete one cannot say that
-something held. Per trajectory of L steps and k distinct successful tools, in a group that has
+something held; and agents' runs only: a trace with no agent span is left out, as the checker
+leaves it unchecked. Per trajectory of L steps and k distinct successful tools, in a group that has
 seen G distinct tools (G <= ``max_tools``):
 
 - per tool: trajectories with a successful call, a histogram of successful-call counts
@@ -160,6 +161,9 @@ class Suggestion:
     trajectories: int = 0
     incomplete: int = 0
     ungrouped: int = 0
+    # Traces with no agent span (HTTP, database, application spans only): no policy applies to
+    # them (check.decide), so they are no evidence either way.
+    not_agent: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
 
 
@@ -172,7 +176,7 @@ class Miner:
             raise ValueError("grouping by a task attribute needs the attribute's name")
         self.options, self.limits = options, limits or Limits()
         self.groups: dict[Any, GroupCounts] = {}
-        self.seen = self.incomplete = self.ungrouped = 0
+        self.seen = self.incomplete = self.ungrouped = self.not_agent = 0
 
     def _group(self, t: Trajectory) -> Any:
         o = self.options
@@ -188,6 +192,9 @@ class Miner:
         self.seen += 1
         if not t.complete:
             self.incomplete += 1
+            return
+        if not t.has_agent_spans:
+            self.not_agent += 1
             return
         value = self._group(t)
         if value is None:
@@ -222,7 +229,7 @@ class Miner:
             guard = _guard(o, value) if guarded else None
             groups.append(Group(None if not guarded else value, guard, counts.n, kept, implied,
                                 sorted(counts.ignored_tools)))  # fmt: skip
-        return Suggestion(o, groups, self.seen, self.incomplete, self.ungrouped)
+        return Suggestion(o, groups, self.seen, self.incomplete, self.ungrouped, self.not_agent)
 
 
 def _guard(o: Options, value: Any) -> str:

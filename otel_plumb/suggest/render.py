@@ -78,6 +78,8 @@ def policy_yaml(s: Suggestion, name: str, sources: str) -> str:
     ]
     if s.incomplete:
         lines.append(f"# {s.incomplete} incomplete trajectories were left out.")
+    if s.not_agent:
+        lines.append(f"# {s.not_agent} traces with no agent span were left out.")
     lines += [f"policy: {_scalar(name)}", "invariants:"]
     for group in s.groups:
         if group.value is not None:
@@ -119,6 +121,7 @@ def report(s: Suggestion) -> dict[str, Any]:
         "trajectories": s.trajectories,
         "incomplete": s.incomplete,
         "ungrouped": s.ungrouped,
+        "not_agent": s.not_agent,
         "groups": [
             {
                 "group": g.value,
@@ -136,6 +139,7 @@ def report(s: Suggestion) -> dict[str, Any]:
 def summary_lines(s: Suggestion) -> list[str]:
     """What a terminal shows: per group, every proposed invariant and what it would flag."""
     out = [f"mined {s.trajectories} trajectories ({s.incomplete} incomplete left out"
+           + (f", {s.not_agent} with no agent span" if s.not_agent else "")
            + (f", {s.ungrouped} without a group" if s.ungrouped else "") + ")"]  # fmt: skip
     for g in s.groups:
         out.append(f"group {g.label}: {g.trajectories} trajectories, {len(g.kept)} invariants proposed, "
