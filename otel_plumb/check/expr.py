@@ -120,7 +120,7 @@ def comprehensions(source: str) -> list[Comprehension]:
                     tokens[i - 1][1], source[begin : tokens[i - 2][2]], root, root is not None and root in bound_vars,
                     start=begin, end=tokens[close][2] + 1,
                 )  # fmt: skip
-                two_args = i + 3 < close and tokens[i + 2][1] == "," and _commas(tokens, match, i, close) == 1
+                two_args = i + 3 < close and tokens[i + 2][1] == "," and _commas(tokens, closing, i, close) == 1
                 if var is not None and two_args:
                     node.var, node.body = var, source[tokens[i + 3][2] : tokens[close][2]]
                 node.sized = _sized(tokens, match, start if start <= i - 3 else i - 2, close)
@@ -130,13 +130,13 @@ def comprehensions(source: str) -> list[Comprehension]:
     return top
 
 
-def _commas(tokens: list[tuple[str, str, int]], match: dict[int, int], open_at: int, close: int) -> int:
-    """Commas between the parentheses at ``open_at`` and ``close``, outside nested brackets."""
-    opened = {v: k for k, v in match.items()}
+def _commas(tokens: list[tuple[str, str, int]], closing: dict[int, int], open_at: int, close: int) -> int:
+    """Commas between the parentheses at ``open_at`` and ``close``, outside nested brackets
+    (``closing``: each opening bracket's closing one)."""
     n, j = 0, open_at + 1
     while j < close:
-        if j in opened:
-            j = opened[j]
+        if j in closing:
+            j = closing[j]
         elif tokens[j][1] == ",":
             n += 1
         j += 1
@@ -353,15 +353,9 @@ class Expression:
                     "allowed per trajectory are spent"
                 )
             budget.spent += cost
-        if self._rest is not None:
-            bound = self._bind(activation)
-            if bound is not None:
-                activation = bound
-                program = self._rest
-            else:
-                program = self.program
-        else:
-            program = self.program
+        program = self.program
+        if self._rest is not None and (bound := self._bind(activation)) is not None:
+            activation, program = bound, self._rest
         try:
             return program.execute(dict(activation))
         except KeyError as exc:
