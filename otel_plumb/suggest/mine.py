@@ -104,30 +104,29 @@ class Histogram:
 
 def bucket_up(value: float | int) -> float | int:
     """The smallest value with two significant digits at or above ``value`` (ints up to 100 exact)."""
-    if (isinstance(value, int) and abs(value) <= 100) or value == 0:
-        return value
-    if value < 0:
-        return -bucket_down(-value)
-    step = 10 ** (math.floor(math.log10(value)) - 1)
-    if not step:  # below the smallest normal float: kept as it is
-        return value
-    edge = math.ceil(value / step) * step
-    if edge < value:
-        edge += step
-    return int(edge) if isinstance(value, int) or step >= 1 else _tidy(edge, step)
+    return _bucket(value, up=True)
 
 
 def bucket_down(value: float | int) -> float | int:
+    return _bucket(value, up=False)
+
+
+def _bucket(value: float | int, up: bool) -> float | int:
     if (isinstance(value, int) and abs(value) <= 100) or value == 0:
         return value
     if value < 0:
-        return -bucket_up(-value)
+        return -_bucket(-value, not up)
     step = 10 ** (math.floor(math.log10(value)) - 1)
     if not step:  # below the smallest normal float: kept as it is
         return value
-    edge = math.floor(value / step) * step
-    if edge > value:
-        edge -= step
+    if up:
+        edge = math.ceil(value / step) * step
+        if edge < value:
+            edge += step
+    else:
+        edge = math.floor(value / step) * step
+        if edge > value:
+            edge -= step
     return int(edge) if isinstance(value, int) or step >= 1 else _tidy(edge, step)
 
 
