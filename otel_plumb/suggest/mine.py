@@ -817,8 +817,8 @@ def _example(table: dict[int, Examples], key: int, limit: int, trace_id: str) ->
     ex = table.get(key)
     if ex is None:
         table[key] = Examples(limit, [trace_id])
-    elif len(ex.ids) < limit:
-        ex.ids.append(trace_id)
+    else:
+        ex.add(trace_id)
 
 
 def _flow_outcome(flow: Flow, vkey: Hashable | None, src: Step | None, key: Callable[[Any], Hashable]) -> int:
