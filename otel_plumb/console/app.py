@@ -175,11 +175,13 @@ async def page_overview(request: web.Request) -> web.Response:
 async def page_violations(request: web.Request) -> web.Response:
     params = _params(request)
     params.setdefault("status", "violating")
-    result = await _run(queries.trajectories, _store(request), params)
+    store = _store(request)
+    result = await _run(queries.trajectories, store, params)
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    names = await _run(_store(request).names)
-    for item in result["items"]:
-        record = await _run(_store(request).get, str(item["id"]))
+    names = await _run(store.names)
+    # The page's records in one trip to the query thread, not one per row.
+    records = await _run(lambda: [store.get(str(item["id"])) for item in result["items"]])
+    for item, record in zip(result["items"], records, strict=True):
         for v in (record or {}).get("verdicts", []):
             if v.get("verdict") != "fail":
                 continue
