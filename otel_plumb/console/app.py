@@ -22,6 +22,7 @@ from aiohttp import web
 from otel_plumb.console import queries
 from otel_plumb.console.charts import bounds_chart, conformance_chart
 from otel_plumb.console.openapi import OPENAPI
+from otel_plumb.model import SEVERITIES
 from otel_plumb.report.html import template_env
 from otel_plumb.store import QueryError, TrajectoryStore
 
@@ -189,8 +190,8 @@ async def page_violations(request: web.Request) -> web.Response:
                 continue
             key = (v.get("severity") or "", v.get("policy") or "", v.get("invariant") or "")
             groups.setdefault(key, []).append({"item": item, "verdict": v})
-    order = ["critical", "high", "medium", "low"]
-    grouped = sorted(groups.items(), key=lambda kv: (order.index(kv[0][0]) if kv[0][0] in order else 9, kv[0]))
+    grouped = sorted(groups.items(), key=lambda kv: (
+        SEVERITIES.index(kv[0][0]) if kv[0][0] in SEVERITIES else 9, kv[0]))  # fmt: skip
     return _page("violations.html", request, title="Violations", groups=grouped, result=result, params=params,
                  names=names)  # fmt: skip
 

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from otel_plumb.model import SEVERITIES
+from otel_plumb.store import MAX_PAGE, PAGE
+from otel_plumb.store.db import SOURCES
+
 
 def _param(name: str, description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"name": name, "in": "query", "required": False, "description": description,
@@ -17,18 +21,18 @@ _FILTERS = [
     _param("policy", "trajectories with a verdict of this policy"),
     _param("invariant", "trajectories that failed this invariant"),
     _param("severity", "trajectories with a failed verdict of at least this severity",
-           {"type": "string", "enum": ["critical", "high", "medium", "low"]}),
+           {"type": "string", "enum": list(SEVERITIES)}),
     _param("status", "trajectory status",
            {"type": "string", "enum": ["conformant", "violating", "indeterminate", "unchecked"]}),
     _param("agent", "agent name"),
     _param("service", "service.name"),
     _param("key", "task key (e.g. an invoice id)"),
     _param("trace_id", "trace id (hex)"),
-    _param("source", "where the record came from", {"type": "string", "enum": ["live", "replay", "campaign"]}),
+    _param("source", "where the record came from", {"type": "string", "enum": list(SOURCES)}),
     _param("run_id", "the replay or campaign run"),
     _param("since", "decided at or after", _TIME),
     _param("until", "decided before", _TIME),
-    _param("limit", "page size (default 50)", {"type": "integer", "minimum": 1, "maximum": 500}),
+    _param("limit", f"page size (default {PAGE})", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}),
     _param("cursor", "the `next` of the previous page"),
 ]  # fmt: skip
 

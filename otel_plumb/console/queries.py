@@ -4,13 +4,14 @@ one place that parses filters and shapes the answers (the report shapes of SPEC)
 from __future__ import annotations
 
 import datetime
+import sqlite3
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from otel_plumb.stats import rate
-from otel_plumb.store import PAGE, Filters, QueryError, TrajectoryStore
+from otel_plumb.store import MAX_PAGE, PAGE, Filters, QueryError, TrajectoryStore
 
 FILTER_KEYS = ("policy", "invariant", "severity", "status", "agent", "service", "key", "trace_id", "source", "run_id")
 DAY = 86400.0
@@ -54,9 +55,8 @@ def filters(params: Mapping[str, str]) -> Filters:
 
 
 def trajectories(store: TrajectoryStore, params: Mapping[str, str]) -> dict[str, Any]:
-    items, cursor = store.find(
-        filters(params), limit=number(params.get("limit"), "limit", PAGE, 1, 500), cursor=params.get("cursor") or None
-    )
+    limit = number(params.get("limit"), "limit", PAGE, 1, MAX_PAGE)
+    items, cursor = store.find(filters(params), limit=limit, cursor=params.get("cursor") or None)
     return {"items": items, "next": cursor}
 
 
@@ -88,8 +88,6 @@ def overview(store: TrajectoryStore, since: float) -> dict[str, Any]:
 
 def campaign_runs(path: Path) -> list[dict[str, Any]]:
     """The campaign runs in the store file (none when it holds no campaign tables)."""
-    import sqlite3
-
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         rows = db.execute(
