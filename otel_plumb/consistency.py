@@ -157,8 +157,9 @@ def path_agreement(decided: Iterable[Decided], config: ConsistencyConfig | None 
         path = tool_path(d)
         if path is None:
             continue
+        group = task_group(d, config)
         for policy in dict.fromkeys(d.policies):
-            paths.setdefault((policy, task_group(d, config)), Counter())[path] += 1
+            paths.setdefault((policy, group), Counter())[path] += 1
     out = []
     for (policy, group), counts in sorted(paths.items()):
         modal, held = counts.most_common(1)[0]
