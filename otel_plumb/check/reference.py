@@ -13,15 +13,13 @@ the alignment of ``strict`` (references are short).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from otel_plumb.check.align import align
 from otel_plumb.check.checks import PASS, Check, Outcome, Run
+from otel_plumb.check.schema import ArgsMode, ReferenceMode
 from otel_plumb.check.values import MISSING, equal, plain
 from otel_plumb.model import Step
-
-Mode = Literal["strict", "unordered", "subset", "superset"]
-ArgsMode = Literal["exact", "ignore", "subset", "superset"]
 
 
 class ReferenceCall:
@@ -82,7 +80,7 @@ class MatchesReference(Check):
     final_fail = False
     fail_survives_lost_data = False
 
-    def __init__(self, reference: Callable[[Run], tuple[list[ReferenceCall] | None, str | None]], mode: Mode,
+    def __init__(self, reference: Callable[[Run], tuple[list[ReferenceCall] | None, str | None]], mode: ReferenceMode,
                  args: ArgsMode, per_tool: Mapping[str, ArgsMode]) -> None:  # fmt: skip
         self.reference = reference
         self.mode = mode

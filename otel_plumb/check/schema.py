@@ -155,12 +155,13 @@ class ReferenceSource(_Model):
         return self
 
 
+ReferenceMode = Literal["strict", "unordered", "subset", "superset"]
 ArgsMode = Literal["exact", "ignore", "subset", "superset"]
 
 
 class MatchesReference(_Model):
     reference: ReferenceSource
-    mode: Literal["strict", "unordered", "subset", "superset"] = "strict"
+    mode: ReferenceMode = "strict"
     args: ArgsMode = "ignore"
     per_tool: dict[str, ArgsMode] = Field(default_factory=dict)
     # A reference file outside the policy's folder (see context.allow_outside_policy_dir).
