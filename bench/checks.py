@@ -310,12 +310,7 @@ def main() -> None:
         return real_compile(source)
 
     cel.compile = counting_compile  # type: ignore[assignment]
-    with tempfile.TemporaryDirectory() as tmp:
-        policies: dict[str, CompiledPolicy] = {}
-        for name, text in (("plain", PLAIN), ("expressions", EXPRESSIONS)):
-            path = Path(tmp) / f"{name}.yaml"
-            path.write_text(text)
-            policies[name] = load_policy(path)
+    policies = {name: _load_text(text) for name, text in (("plain", PLAIN), ("expressions", EXPRESSIONS))}
     compiled_at_load = compiles
 
     rng = random.Random(seed)
