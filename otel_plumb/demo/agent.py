@@ -115,8 +115,7 @@ def run_invoice(tracer: trace.Tracer, invoice: Invoice, run_id: str = "", faults
         for planned, (tool, args) in enumerate(calls):
             for _attempt in range(retries + 1):
                 n += 1
-                if _call_tool(tracer, invoice, f"call_{invoice.invoice_id}_{n - 1}", n - 1, tool, args, answers,
-                              faults):
+                if _call_tool(tracer, invoice, n - 1, tool, args, answers, faults):
                     break
             if invoice.fault == "pay_twice" and tool == "schedule_payment" and planned == len(calls) - 2:
                 time.sleep(PAUSE_AFTER_DOUBLE_PAYMENT_S)
@@ -124,9 +123,10 @@ def run_invoice(tracer: trace.Tracer, invoice: Invoice, run_id: str = "", faults
         return format(root.get_span_context().trace_id, "032x")
 
 
-def _call_tool(tracer: trace.Tracer, invoice: Invoice, call_id: str, n: int, tool: str, args: dict[str, Any],
+def _call_tool(tracer: trace.Tracer, invoice: Invoice, n: int, tool: str, args: dict[str, Any],
                answers: dict[str, Any], faults: Faults | None) -> bool:
-    """The model's turn asking for the call, then the call; False when the tool failed."""
+    """The model's turn ``n`` asking for the call, then the call; False when the tool failed."""
+    call_id = f"call_{invoice.invoice_id}_{n}"
     tool_call = {"type": "tool_call", "id": call_id, "name": tool, "arguments": args}
     request = {"role": "assistant", "parts": [tool_call], "finish_reason": "tool_call"}
     model_call(tracer, 120 + 40 * n, 24, [request])
