@@ -269,6 +269,13 @@ static inline int enter(Dec *d) {
     return 0;
 }
 
+/* The end of a message begun with enter(): its last field must not have run past it. */
+static inline int leave(Dec *d, ptr p, ptr end) {
+    if (p > end) return fail(d, E_CORRUPT);
+    d->depth++;
+    return 0;
+}
+
 /* --- messages only checked (parsed by upb, not used by the records) ------------------- */
 
 enum { K_VARINT, K_FIXED64, K_FIXED32, K_BYTES, K_STRING, K_MSG };
@@ -329,9 +336,7 @@ static int check_message(Dec *d, ptr p, ptr end, int msg) {
             return -1;
         }
     }
-    if (p > end) return fail(d, E_CORRUPT);
-    d->depth++;
-    return 0;
+    return leave(d, p, end);
 }
 
 static int check_field(Dec *d, ptr *pp, ptr end, int msg) {
@@ -374,9 +379,7 @@ static int parse_array_into(Dec *d, ptr p, ptr end, PyObject *list) {
             return -1;
         }
     }
-    if (p > end) return fail(d, E_CORRUPT);
-    d->depth++;
-    return 0;
+    return leave(d, p, end);
 }
 
 static int parse_kvlist_into(Dec *d, ptr p, ptr end, PyObject *dict) {
@@ -393,9 +396,7 @@ static int parse_kvlist_into(Dec *d, ptr p, ptr end, PyObject *dict) {
             return -1;
         }
     }
-    if (p > end) return fail(d, E_CORRUPT);
-    d->depth++;
-    return 0;
+    return leave(d, p, end);
 }
 
 /* One AnyValue occurrence, merged into *av as upb merges: a oneof member replaces another;
@@ -477,9 +478,7 @@ static int parse_any_value(Dec *d, ptr p, ptr end, AnyValue *av) {
         Py_XSETREF(av->value, v);
         av->member = (int)field;
     }
-    if (p > end) return fail(d, E_CORRUPT);
-    d->depth++;
-    return 0;
+    return leave(d, p, end);
 }
 
 /* One KeyValue, stored in dict (a later key replaces an earlier one, as a dict built in order). */
@@ -502,15 +501,11 @@ static int parse_key_value_into(Dec *d, ptr p, ptr end, PyObject *dict) {
             goto done;
         }
     }
-    if (p > end) {
-        fail(d, E_CORRUPT);
-        goto done;
-    }
+    if (leave(d, p, end) < 0) goto done;
     if (PyDict_SetItem(dict, key ? key : empty_str, av.value ? av.value : Py_None) < 0) {
         fail(d, E_PYTHON);
         goto done;
     }
-    d->depth++;
     rc = 0;
 done:
     Py_XDECREF(key);
@@ -559,10 +554,7 @@ static int parse_event(Dec *d, ptr p, ptr end, PyObject **events) {
             goto done;
         }
     }
-    if (p > end) {
-        fail(d, E_CORRUPT);
-        goto done;
-    }
+    if (leave(d, p, end) < 0) goto done;
     if (attrs == NULL && (attrs = PyDict_New()) == NULL) {
         fail(d, E_PYTHON);
         goto done;
@@ -587,7 +579,6 @@ static int parse_event(Dec *d, ptr p, ptr end, PyObject **events) {
         }
         Py_DECREF(event);
     }
-    d->depth++;
     rc = 0;
 done:
     Py_XDECREF(name);
@@ -611,9 +602,7 @@ static int parse_status(Dec *d, ptr p, ptr end, int32_t *code, PyObject **messag
             return -1;
         }
     }
-    if (p > end) return fail(d, E_CORRUPT);
-    d->depth++;
-    return 0;
+    return leave(d, p, end);
 }
 
 /* One Span -> a SpanRecord appended to out (resource and scope_name are filled in by the caller). */
@@ -687,10 +676,7 @@ static int parse_span(Dec *d, ptr p, ptr end, PyObject *out) {
         }
         if (skip_field(d, &p, d->end, field, wt) < 0) goto done;
     }
-    if (p > end) {
-        fail(d, E_CORRUPT);
-        goto done;
-    }
+    if (leave(d, p, end) < 0) goto done;
     {
         PyObject *record = SpanRecordType->tp_alloc(SpanRecordType, 0);
         if (record == NULL) {
@@ -722,7 +708,6 @@ static int parse_span(Dec *d, ptr p, ptr end, PyObject *out) {
             }
         }
     }
-    d->depth++;
     rc = 0;
 done:
     Py_XDECREF(name);
@@ -757,9 +742,7 @@ static int parse_scope(Dec *d, ptr p, ptr end, PyObject **name) {
             return -1;
         }
     }
-    if (p > end) return fail(d, E_CORRUPT);
-    d->depth++;
-    return 0;
+    return leave(d, p, end);
 }
 
 static int parse_scope_spans(Dec *d, ptr p, ptr end, PyObject *out) {
@@ -784,12 +767,8 @@ static int parse_scope_spans(Dec *d, ptr p, ptr end, PyObject *out) {
             goto done;
         }
     }
-    if (p > end) {
-        fail(d, E_CORRUPT);
-        goto done;
-    }
+    if (leave(d, p, end) < 0) goto done;
     fill_slot(out, first, S_SCOPE_NAME, scope_name ? scope_name : empty_str);
-    d->depth++;
     rc = 0;
 done:
     Py_XDECREF(scope_name);
@@ -810,9 +789,7 @@ static int parse_resource(Dec *d, ptr p, ptr end, PyObject *attrs) {
             return -1;
         }
     }
-    if (p > end) return fail(d, E_CORRUPT);
-    d->depth++;
-    return 0;
+    return leave(d, p, end);
 }
 
 static int parse_resource_spans(Dec *d, ptr p, ptr end, PyObject *out) {
@@ -839,12 +816,8 @@ static int parse_resource_spans(Dec *d, ptr p, ptr end, PyObject *out) {
             goto done;
         }
     }
-    if (p > end) {
-        fail(d, E_CORRUPT);
-        goto done;
-    }
+    if (leave(d, p, end) < 0) goto done;
     fill_slot(out, first, S_RESOURCE, resource);
-    d->depth++;
     rc = 0;
 done:
     Py_DECREF(resource);
