@@ -90,8 +90,7 @@ def request_records(request: ExportTraceServiceRequest) -> Iterator[SpanRecord]:
 def pure_decode_request(data: bytes) -> list[SpanRecord]:
     """The spans of a serialized ExportTraceServiceRequest, through the protobuf runtime.
     Raises ``google.protobuf.message.DecodeError`` on malformed bytes."""
-    request = ExportTraceServiceRequest.FromString(data)
-    return [record for rs in request.resource_spans for record, _ in resource_spans_records(rs)]
+    return list(request_records(ExportTraceServiceRequest.FromString(data)))
 
 
 def _native_decoder() -> tuple[Callable[[bytes], list[SpanRecord]] | None, str]:
