@@ -350,34 +350,52 @@ async def noop_server() -> None:
     await backend.stop()
 
 
+async def noop_seconds(requests: list[tuple[bytes, list[bytes]]], concurrency: int) -> float:
+    """Seconds the no-op receiver, in a process of its own, takes to accept ``requests``."""
+    noop, m = start_process([sys.executable, __file__, "--role", "noop"], r"noop listening on (\d+)")
+    try:
+        seconds, _, _ = await send_all(int(m.group(1)), requests, concurrency)
+    finally:
+        noop.communicate("", timeout=10)
+    return seconds
+
+
+def start_processor(tmp: Path, config: str) -> tuple[subprocess.Popen[bytes], int, int]:
+    """``otel-plumb run`` on POLICY and ``config`` (both written to ``tmp``): the process, its
+    OTLP/gRPC port and its metrics port."""
+    (tmp / "policy.yaml").write_text(POLICY)
+    (tmp / "config.yaml").write_text(config)
+    grpc_port, metrics_port = free_port(), free_port()
+    cmd = [sys.executable, "-m", "otel_plumb", "run", "--config", str(tmp / "config.yaml"),
+           "--policy", str(tmp / "policy.yaml"), "--grpc", f"127.0.0.1:{grpc_port}", "--http", "127.0.0.1:0",
+           "--metrics", f"127.0.0.1:{metrics_port}"]  # fmt: skip
+    return subprocess.Popen(cmd), grpc_port, metrics_port
+
+
+async def stop_processor(proc: subprocess.Popen[bytes], sink: Sink) -> None:
+    proc.terminate()
+    await asyncio.to_thread(proc.wait, 60)
+    if sink.server is not None:
+        await sink.server.stop(None)
+
+
 async def main(args: argparse.Namespace) -> None:
     print(f"building {args.requests} requests of {TRACES_PER_REQUEST * SPANS_PER_TRACE} spans ...", flush=True)
     requests = [build_request(n) for n in range(args.requests)]
     total = args.requests * TRACES_PER_REQUEST * SPANS_PER_TRACE
 
     # Phase 1: the no-op receiver on the same load.
-    noop, m = start_process([sys.executable, __file__, "--role", "noop"], r"noop listening on (\d+)")
-    try:
-        noop_s, _, _ = await send_all(int(m.group(1)), requests, args.concurrency)
-    finally:
-        noop.communicate("", timeout=10)
-    noop_rate = total / noop_s
+    noop_rate = total / await noop_seconds(requests, args.concurrency)
 
     # Phase 2: the processor, annotating and exporting to the sink.
     sink = Sink()
     sink_port = await sink.start()
     tmp = Path(tempfile.mkdtemp(prefix="otel-plumb-bench-"))
-    (tmp / "policy.yaml").write_text(POLICY)
-    (tmp / "config.yaml").write_text(
+    proc, grpc_port, metrics_port = start_processor(tmp, (
         f"assembly: {{idle_timeout: {IDLE_TIMEOUT}, tick: 50ms}}\n"
         f"exporters: {{otlp: {{endpoint: 'grpc://127.0.0.1:{sink_port}', state_dir: '{tmp / 'state'}'}}}}\n"
         "logging: {level: warning}\n"
-    )
-    grpc_port, metrics_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "otel_plumb", "run", "--config", str(tmp / "config.yaml"),
-           "--policy", str(tmp / "policy.yaml"), "--grpc", f"127.0.0.1:{grpc_port}", "--http", "127.0.0.1:0",
-           "--metrics", f"127.0.0.1:{metrics_port}"]  # fmt: skip
-    proc = subprocess.Popen(cmd)
+    ))
     try:
         await asyncio.to_thread(wait_ready, metrics_port, 30)
         start = time.monotonic()
@@ -425,10 +443,7 @@ async def main(args: argparse.Namespace) -> None:
             await paced(grpc_port, proc.pid, args.soak, soak_rate, sink, rss_every=5)
             print(f"processor peak RSS after the soak: {rss_kib(proc.pid, 'VmHWM') / 1024:,.0f} MiB")
     finally:
-        proc.terminate()
-        await asyncio.to_thread(proc.wait, 60)
-        if sink.server is not None:
-            await sink.server.stop(None)
+        await stop_processor(proc, sink)
 
 
 def count_spans(requests: list[tuple[bytes, list[bytes]]]) -> int:
@@ -446,28 +461,18 @@ async def run_point(
     """One measurement: the no-op receiver on ``requests``, then the processor (annotate export to
     a sink) on the same; spans/s end to end, the processor's CPU per span, its peak RSS over its
     RSS once ready, per span buffered at most at once (``buffered_max``)."""
-    noop, m = start_process([sys.executable, __file__, "--role", "noop"], r"noop listening on (\d+)")
-    try:
-        noop_s, _, _ = await send_all(int(m.group(1)), requests, args.concurrency)
-    finally:
-        noop.communicate("", timeout=10)
+    noop_s = await noop_seconds(requests, args.concurrency)
     sink = Sink()
     sink_port = await sink.start()
     tmp = Path(tempfile.mkdtemp(prefix="otel-plumb-bench-"))
-    (tmp / "policy.yaml").write_text(POLICY)
-    (tmp / "config.yaml").write_text(
+    proc, grpc_port, metrics_port = start_processor(tmp, (
         "receivers: {max_message_mib: 256, max_buffered_spans: 10000000}\n"
         f"assembly: {{idle_timeout: {IDLE_TIMEOUT}, tick: 50ms, max_traces: 200000, max_spans_per_trace: 20000, "
         "max_buffered_bytes: 16GiB}\n"
         f"exporters: {{otlp: {{endpoint: 'grpc://127.0.0.1:{sink_port}', state_dir: '{tmp / 'state'}', "
         "queue: {max_spans: 10000000, max_bytes: 16GiB}}}\n"
         "logging: {level: warning}\n"
-    )
-    grpc_port, metrics_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "otel_plumb", "run", "--config", str(tmp / "config.yaml"),
-           "--policy", str(tmp / "policy.yaml"), "--grpc", f"127.0.0.1:{grpc_port}", "--http", "127.0.0.1:0",
-           "--metrics", f"127.0.0.1:{metrics_port}"]  # fmt: skip
-    proc = subprocess.Popen(cmd)
+    ))
     try:
         await asyncio.to_thread(wait_ready, metrics_port, 60)
         ready_kib = rss_kib(proc.pid)
@@ -482,10 +487,7 @@ async def run_point(
         peak_kib = rss_kib(proc.pid, "VmHWM")
         metrics = await asyncio.to_thread(scrape, metrics_port)
     finally:
-        proc.terminate()
-        await asyncio.to_thread(proc.wait, 60)
-        if sink.server is not None:
-            await sink.server.stop(None)
+        await stop_processor(proc, sink)
     return {
         "rate": total / e2e_s, "noop": total / noop_s, "cpu_us": proc_cpu / total * 1e6, "at_sink": sink.spans,
         "throttles": throttles, "peak_mib": peak_kib / 1024,
