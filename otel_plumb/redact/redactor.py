@@ -78,7 +78,8 @@ class Redactor:
                 paths[k] = _merged(paths.get(k), r)
         self._patterns = list(patterns.values())
         self._paths = [
-            (frozenset(r.tools), tuple(r.path.split(".")), frozenset(r.within), r.action) for r in paths.values()
+            (frozenset(r.tools), tuple(r.path.split(".")), frozenset(r.within), r.action, r.path)
+            for r in paths.values()
         ]
         self._valid: list[Callable[[str], bool] | None] = []
         alternatives = []
@@ -138,13 +139,13 @@ class Scrub:
         self._exact: dict[Any, Any] = {}
         for i, step in enumerate(trajectory.steps if trajectory is not None else ()):
             args, result = step.args, step.result
-            for tools, segments, within, action in redactor._paths:
+            for tools, segments, within, action, label in redactor._paths:
                 if tools and step.name not in tools:
                     continue
                 if "args" in within and step.args_status == "captured":
-                    args = self._at_path(args, segments, action, ".".join(segments))
+                    args = self._at_path(args, segments, action, label)
                 if "result" in within and step.result_status == "captured":
-                    result = self._at_path(result, segments, action, ".".join(segments))
+                    result = self._at_path(result, segments, action, label)
             if args is not step.args or result is not step.result:
                 self._found[i] = _Found(args, result)
         literals = sorted(self._literals, key=len, reverse=True)[:MAX_LITERALS]
