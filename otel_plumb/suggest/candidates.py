@@ -165,34 +165,26 @@ def build(counts: GroupCounts, min_support: float, min_applied: int) -> list[Can
               f"must_call {t}", _called(i))  # fmt: skip
     for i, t in enumerate(tools):
         _call_count(b, i, t, c.counts[i], n, c.absent[i].ids)
-    for a, ta in enumerate(tools):
-        for bb, tb in enumerate(tools):
-            if a == bb:
-                continue
-            key = a * m + bb
-            ex = c.precedes_ex.get(key)
-            b.add(f"{ta}-before-{tb}", ("precedes", ta, tb), {"precedes": {"first": ta, "then": tb}},
-                  c.present[bb], c.precedes[key], ex.ids if ex else [], f"precedes {ta} -> {tb}",
-                  _preceded(key, bb))  # fmt: skip
-    for a, ta in enumerate(tools):
-        for bb, tb in enumerate(tools):
-            if a == bb:
-                continue
-            key = a * m + bb
-            ex = c.responds_ex.get(key)
-            b.add(f"{tb}-after-{ta}", ("responds", ta, tb), {"responds": {"trigger": ta, "then": tb}},
-                  c.present[a], c.responds[key], ex.ids if ex else [], f"responds {ta} -> {tb}",
-                  _responded(key, a))  # fmt: skip
-    for a, ta in enumerate(tools):
-        for bb, tb in enumerate(tools):
-            # A tool that is never called says nothing about when it is not called.
-            if a == bb or c.present[bb] < min_applied:
-                continue
-            key = a * m + bb
-            ex = c.after_ex.get(key)
-            b.add(f"no-{tb}-after-{ta}", ("never_after", tb, ta), {"scope": {"after": ta}, "never_call": tb},
-                  c.present[a], c.present[a] - c.after[key], ex.ids if ex else [], f"never_call {tb} after {ta}",
-                  _not_after(key, a))  # fmt: skip
+    # Ordered pairs of distinct tools: (a, its name, b, its name, the pair key).
+    pairs = [(a, ta, bb, tb, a * m + bb) for a, ta in enumerate(tools) for bb, tb in enumerate(tools) if a != bb]
+    for _, ta, bb, tb, key in pairs:
+        ex = c.precedes_ex.get(key)
+        b.add(f"{ta}-before-{tb}", ("precedes", ta, tb), {"precedes": {"first": ta, "then": tb}},
+              c.present[bb], c.precedes[key], ex.ids if ex else [], f"precedes {ta} -> {tb}",
+              _preceded(key, bb))  # fmt: skip
+    for a, ta, _, tb, key in pairs:
+        ex = c.responds_ex.get(key)
+        b.add(f"{tb}-after-{ta}", ("responds", ta, tb), {"responds": {"trigger": ta, "then": tb}},
+              c.present[a], c.responds[key], ex.ids if ex else [], f"responds {ta} -> {tb}",
+              _responded(key, a))  # fmt: skip
+    for a, ta, bb, tb, key in pairs:
+        # A tool that is never called says nothing about when it is not called.
+        if c.present[bb] < min_applied:
+            continue
+        ex = c.after_ex.get(key)
+        b.add(f"no-{tb}-after-{ta}", ("never_after", tb, ta), {"scope": {"after": ta}, "never_call": tb},
+              c.present[a], c.present[a] - c.after[key], ex.ids if ex else [], f"never_call {tb} after {ta}",
+              _not_after(key, a))  # fmt: skip
     for metric in c.budgets:
         _budget(b, metric, c.budgets[metric], c.budget_applied[metric])
     for targets in c.targets.values():
