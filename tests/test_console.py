@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from test_live_support import config, decide_demo_agent
+from test_live_support import config, decide_demo_agent, free_port
 
 from otel_plumb.demo.agent import INVOICES
 from otel_plumb.demo.run import policy_path, run_campaign
@@ -77,16 +76,10 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"path": path, "live": live, "campaign": report}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def console(filled: dict[str, Any]) -> Iterator[str]:
     """``otel-plumb console`` on the filled store, as a user runs it."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "otel_plumb", "console", "--store", str(filled["path"]), "--listen",
          f"127.0.0.1:{port}", "--trace-url", "http://jaeger.example:16686/trace/{trace_id}"],
