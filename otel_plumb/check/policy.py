@@ -414,6 +414,7 @@ def _compile(doc: LocatedYaml, spec: sc.PolicyFile) -> CompiledPolicy:
     problems: list[PolicyError] = []
     invariants: list[CompiledInvariant] = []
     ids: dict[str, int] = {}
+    task_attribute = spec.task.attribute if spec.task is not None else None
     for i, inv in enumerate(spec.invariants):
         at: tuple[str | int, ...] = ("invariants", i)
         if inv.id in ids:
@@ -423,7 +424,7 @@ def _compile(doc: LocatedYaml, spec: sc.PolicyFile) -> CompiledPolicy:
             continue
         ids[inv.id] = i
         try:
-            invariants.append(_compile_invariant(doc, spec.policy, inv, at, spec.task.attribute if spec.task else None))
+            invariants.append(_compile_invariant(doc, spec.policy, inv, at, task_attribute))
         except PolicyError as exc:
             problems.append(exc)
     context_file = None
@@ -441,14 +442,14 @@ def _compile(doc: LocatedYaml, spec: sc.PolicyFile) -> CompiledPolicy:
         invariants=invariants,
         applies=Glob(spec.applies_to) if spec.applies_to is not None else None,
         context_prefix=spec.context.attributes_prefix if spec.context is not None else "plumb.context.",
-        task_attribute=spec.task.attribute if spec.task is not None else None,
+        task_attribute=task_attribute,
         context_file=context_file,
         redaction=spec.redaction,
     )
 
 
 def _compile_invariant(
-    doc: LocatedYaml, policy: str, inv: sc.Invariant, at: tuple[str | int, ...], task_attribute: str | None = None
+    doc: LocatedYaml, policy: str, inv: sc.Invariant, at: tuple[str | int, ...], task_attribute: str | None
 ) -> CompiledInvariant:
     try:
         kind = inv.kind()
