@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from typing import TYPE_CHECKING
 
 import click
 
 from otel_plumb.cli.main import RunError
+
+if TYPE_CHECKING:  # aiohttp is imported when the console runs, not for every command
+    from aiohttp import web
 
 
 @click.command()
@@ -34,10 +38,9 @@ def console(store_path: str, listen: str, trace_url: str) -> None:
     asyncio.run(_serve(app, host, port))
 
 
-async def _serve(app: object, host: str, port: int) -> None:
+async def _serve(app: web.Application, host: str, port: int) -> None:
     from aiohttp import web
 
-    assert isinstance(app, web.Application)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
