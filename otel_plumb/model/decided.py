@@ -32,3 +32,10 @@ class Decided:
     @property
     def failures(self) -> list[Verdict]:
         return [v for v in self.verdicts if v.verdict == "fail"]
+
+    @property
+    def is_agent_run(self) -> bool:
+        """Whether some policy applied or some span is an agent's. A trace of service spans
+        only is counted and forwarded as it came, but it is no trajectory to log, store,
+        stream, annotate or watch for consistency."""
+        return bool(self.policies) or self.trajectory.has_agent_spans

@@ -708,7 +708,7 @@ class Processor:
         # A trace with no agent span is counted (unchecked) and goes out to the backend, but is
         # no trajectory to log, store, stream or watch for consistency: a gateway's HTTP traffic
         # would bury the agents' in them.
-        agent_runs = [d for d in decisions if d.decided.policies or d.decided.trajectory.has_agent_spans]
+        agent_runs = [d for d in decisions if d.decided.is_agent_run]
         # One failing consumer (the verdict log on a full disk) must not keep the decisions from
         # the others, the export above all: counted, logged at a bounded rate, and skipped.
         for consumer in self.consumers:
@@ -882,7 +882,7 @@ class _ExportConsumer:
                     redact_span(payload[0], scrub.text)
             if p._annotate:
                 # A trace with no agent span goes out as it came: it is not a trajectory.
-                if t.has_agent_spans or decided.policies:
+                if decided.is_agent_run:
                     annotate(d.payloads, t, decided.status, decided.policies, decided.verdicts, p._annotation_chars)
                 out.extend(d.payloads)
             elif t.trace_id:
