@@ -201,14 +201,16 @@ class Authenticator:
         A listener taking only certificates ignores an Authorization header meant for elsewhere."""
         return bool(header) and bool(self._entries)
 
-    def authenticate(self, header: str | None, peer: PeerIdentity | None) -> str | None:
+    def authenticate(self, header: str | None, peer: Callable[[], PeerIdentity | None]) -> str | None:
         """The tenant ("" for none) of the request's token or, without one, of the first
-        ``client_certificates`` entry its verified certificate matches; None: refuse."""
+        ``client_certificates`` entry its verified certificate (``peer()``, read only when
+        entries are configured) matches; None: refuse."""
         if self._token_counts(header):
             return self.tenant_of(header)
-        if peer is not None:
+        identity = peer() if self.config.client_certificates else None
+        if identity is not None:
             for entry in self.config.client_certificates:
-                if entry.matches(peer):
+                if entry.matches(identity):
                     return entry.tenant or ""
         return None
 
@@ -288,7 +290,7 @@ def _guarded(
     request is taken as bytes and decoded only once the call is admitted."""
 
     async def admit(context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        tenant = auth.authenticate(header, grpc_peer(context))
+        tenant = auth.authenticate(header, lambda: grpc_peer(context))
         if tenant is None:
             auth.refused(header, context.peer())
             context.set_trailing_metadata((("www-authenticate", "Bearer"),))
@@ -369,7 +371,7 @@ def http_middleware(authenticator: Authenticator, open_paths: frozenset[str] = f
         if request.path in open_paths:
             return await handler(request)
         header = request.headers.get("Authorization")
-        tenant = authenticator.authenticate(header, http_peer(request))
+        tenant = authenticator.authenticate(header, lambda: http_peer(request))
         if tenant is None:
             authenticator.refused(header, request.remote)
             response = web.Response(
