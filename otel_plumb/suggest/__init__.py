@@ -218,10 +218,7 @@ class Miner:
             kept, implied = prune(found)
             guarded = o.group_by != "none"
             if guarded:
-                prefix, n = slug(str(value)), 2
-                while prefix in prefixes:
-                    prefix, n = f"{slug(str(value))}-{n}", n + 1
-                prefixes.add(prefix)
+                prefix = slug(str(value), prefixes)
                 for c in found:
                     c.id = f"{prefix}.{c.id}"
                 for c in implied:

@@ -50,8 +50,15 @@ class Candidate:
 _SLUG = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-def slug(text: str) -> str:
-    return _SLUG.sub("-", text).strip("-") or "x"
+def slug(text: str, taken: set[str]) -> str:
+    """``text`` as an id (other characters as ``-``), made unique among ``taken`` by a numeric
+    suffix, and added to it."""
+    base = _SLUG.sub("-", text).strip("-") or "x"
+    out, n = base, 2
+    while out in taken:
+        out, n = f"{base}-{n}", n + 1
+    taken.add(out)
+    return out
 
 
 # Per value of a branch field: (applied, held, failed late, tasks applied to up to 2) of a
@@ -83,10 +90,7 @@ class _Builder:
 
     def _emit(self, name: str, key: tuple[Any, ...], check: dict[str, Any], applied: int, held: int,
               examples: list[str], text: str, when: str | None) -> None:  # fmt: skip
-        ident, n = slug(name), 2
-        while ident in self.ids:
-            ident, n = f"{slug(name)}-{n}", n + 1
-        self.ids.add(ident)
+        ident = slug(name, self.ids)
         self.out.append(Candidate(ident, key, check, applied, held, examples[: self.c.limits.examples], text, when))
 
     def _separated(self, per_value: PerValue, failed: int) -> tuple[Branch, list[Any], int] | None:
