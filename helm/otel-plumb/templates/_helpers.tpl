@@ -60,6 +60,11 @@ app.kubernetes.io/component: {{ .Values.mode }}
 {{- default (printf "%s-tls" (include "otel-plumb.fullname" .)) .Values.tls.secretName }}
 {{- end }}
 
+{{/* The name clients check the listeners' certificate against (they connect to pod IPs). */}}
+{{- define "otel-plumb.tlsServerName" -}}
+{{ include "otel-plumb.fullname" . }}-headless.{{ .Release.Namespace }}.svc
+{{- end }}
+
 {{/* The auth, tls and insecure keys of a listener reachable from outside the pod. */}}
 {{- define "otel-plumb.protection" -}}
 {{- $out := dict }}
