@@ -73,10 +73,6 @@ class Examples:
         if len(self.ids) < self.limit:
             self.ids.append(trace_id)
 
-    @property
-    def full(self) -> bool:
-        return len(self.ids) >= self.limit
-
 
 class Histogram:
     """Counts per value (bucketed by the caller), with the first trace ids of each."""
