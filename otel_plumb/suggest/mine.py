@@ -18,7 +18,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any
 
 from otel_plumb.check.values import MISSING, PathSegment, canonical, lookup, parse_path
@@ -112,24 +112,22 @@ def _bucket(value: float | int, up: bool) -> float | int:
         return value
     if value < 0:
         return -_bucket(-value, not up)
-    step = 10 ** (math.floor(math.log10(value)) - 1)
+    exponent = math.floor(math.log10(value)) - 1
+    step = 10**exponent
     if not step:  # below the smallest normal float: kept as it is
         return value
-    if up:
-        edge = math.ceil(value / step) * step
-        if edge < value:
+    if isinstance(value, int) or step >= 1:
+        edge = math.ceil(value / step) * step if up else math.floor(value / step) * step
+        if up and edge < value:
             edge += step
-    else:
-        edge = math.floor(value / step) * step
-        if edge > value:
+        elif not up and edge > value:
             edge -= step
-    return int(edge) if isinstance(value, int) or step >= 1 else _tidy(edge, step)
-
-
-def _tidy(edge: float, step: float) -> float:
-    """``edge`` without float noise (0.30000000000000004 -> 0.3), moved outwards if needed."""
-    digits = max(0, -math.floor(math.log10(step)))
-    return float(Decimal(edge).quantize(Decimal(1).scaleb(-digits)))
+        return int(edge)
+    # Rounded in decimal from the float's exact value: the bound is written without float noise
+    # (0.31, not 0.31000000000000005) and is never inside the value (0.1 + 0.2 gives 0.31 up, as
+    # 0.3 is below it), since the nearest float to a decimal beyond a float is beyond it too.
+    rounding = ROUND_CEILING if up else ROUND_FLOOR
+    return float(Decimal(value).quantize(Decimal(1).scaleb(exponent), rounding=rounding))
 
 
 # ---- arguments ---------------------------------------------------------------------------
