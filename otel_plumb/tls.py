@@ -166,7 +166,6 @@ def self_signed(cfg: TLSServerConfig, key: str) -> bool:
 
 def server_context(cfg: TLSServerConfig, key: str) -> ssl.SSLContext:
     """A server context from ``cfg``'s files; ``TLSError`` naming ``key`` if they are unusable."""
-    self_signed(cfg, key)
     _server_files(cfg, key)  # readable, with the key that failed named
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = _VERSIONS[cfg.min_version]
@@ -191,6 +190,8 @@ class ReloadingServerContext:
 
     def __init__(self, cfg: TLSServerConfig, key: str) -> None:
         self.cfg, self.key = cfg, key
+        # At start-up only: files missing mid-rotation keep the old certificate, not a new CA.
+        self_signed(cfg, key)
         self.current = server_context(cfg, key)
         self.context = server_context(cfg, key)
         self.context.sni_callback = self._pick
@@ -228,6 +229,7 @@ def grpc_server_credentials(cfg: TLSServerConfig, key: str) -> grpc.ServerCreden
             f"{key}.min_version: {cfg.min_version} cannot be enforced on the gRPC listener (grpcio accepts "
             "TLS 1.2 and 1.3 and offers no minimum); use 1.2"
         )
+    self_signed(cfg, key)  # at start-up only, as for the HTTP listeners
     server_context(cfg, key)  # refuse bad PEM here, with a clear message, not in the first handshake
     cert, private, ca = _server_files(cfg, key)
     require = ca is not None

@@ -122,3 +122,18 @@ def test_certificates_that_exist_are_used_as_they_are(tmp_path: Path, monkeypatc
     assert tls.self_signed(cfg, "metrics.tls") is False  # one of the two exists: never overwritten
     with pytest.raises(tls.TLSError, match=r"metrics\.tls\.cert_file: cannot read"):
         tls.server_context(cfg, "metrics.tls")
+
+
+def test_files_gone_mid_rotation_keep_the_old_certificate_and_make_no_new_one(tmp_path: Path) -> None:
+    from otel_plumb.tls import ReloadingServerContext, TLSServerConfig
+
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cfg = TLSServerConfig(cert_file=str(cert), key_file=str(key), self_signed_if_missing=True)
+    reloading = ReloadingServerContext(cfg, "receivers.http.tls")
+    assert cert.exists() and key.exists(), "made at start-up"
+    first = reloading.current
+    cert.unlink()
+    key.unlink()
+    assert reloading.check() is False
+    assert reloading.current is first
+    assert not cert.exists() and not key.exists(), "a reload never makes a certificate of its own"
