@@ -315,3 +315,25 @@ async def test_the_console_mounted_on_a_running_processors_metrics_listener(tmp_
         assert (await asyncio.to_thread(fetch, "/", False))[0] == 401  # the metrics listener's auth
     finally:
         await processor.stop()
+
+
+def test_a_campaign_page_of_a_store_without_campaigns_writes_nothing(tmp_path: Path) -> None:
+    """The console opens the file read-only for campaign pages too: no campaign tables made,
+    nothing in the file changed."""
+    import hashlib
+    import sqlite3
+
+    from otel_plumb.console import queries
+    from otel_plumb.store import TrajectoryStore
+
+    path = tmp_path / "store.sqlite"
+    TrajectoryStore(path).close()
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert queries.campaign_report(path, "latest") is None
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+    db = sqlite3.connect(path)
+    try:
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        db.close()
+    assert "runs" not in tables

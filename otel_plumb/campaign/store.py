@@ -95,8 +95,13 @@ class RunNotFound(LookupError):
 
 
 class Store:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, readonly: bool = False) -> None:
         self.path = Path(path)
+        if readonly:
+            # For the console, which never writes: not even the schema or the journal mode.
+            self.decided = TrajectoryStore(self.path, readonly=True)
+            self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")

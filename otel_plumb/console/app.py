@@ -151,9 +151,6 @@ async def api_openapi(_request: web.Request) -> web.Response:
 
 async def _campaign(request: web.Request) -> dict[str, Any] | None:
     path = _settings(request).path
-    runs = await _run(queries.campaign_runs, path)
-    if not runs:
-        return None
     report: dict[str, Any] | None = await _run(queries.campaign_report, path, request.match_info["run"])
     return report
 

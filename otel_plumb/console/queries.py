@@ -106,12 +106,16 @@ def campaign_report(path: Path, ref: str) -> dict[str, Any] | None:
     from otel_plumb.campaign.reports import build_report
     from otel_plumb.campaign.store import RunNotFound, Store
 
-    store = Store(path)
+    store = Store(path, readonly=True)
     try:
         try:
             run = store.run(ref)
         except RunNotFound:
             return None
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):  # a store with no campaign in it
+                return None
+            raise
         return build_report(store, run)
     finally:
         store.close()
