@@ -19,6 +19,7 @@ from otel_plumb.consistency import PathAgreement
 from otel_plumb.export.metrics import Metrics
 from otel_plumb.export.verdict_log import VerdictLog
 from otel_plumb.model import Decided, Verdict
+from otel_plumb.redact import Scrub
 from otel_plumb.report.records import decided_record
 from otel_plumb.store import StoreWriter
 from otel_plumb.watch import VerdictHub
@@ -39,8 +40,10 @@ class Decision:
     latency_s: float = 0.0
     # Failures not already reported early (so each violation is counted once).
     new_failures: list[Verdict] = field(default_factory=list)
-    # The decision as it may leave the process (set by the processor when redaction is configured).
+    # The decision as it may leave the process, and the replacements that made it (set by the
+    # processor when redaction is configured; the export scrubs forwarded spans with the same).
     redacted: Decided | None = None
+    scrub: Scrub | None = None
     _record: dict[str, Any] | None = None
 
     @property

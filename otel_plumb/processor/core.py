@@ -704,7 +704,10 @@ class Processor:
     async def _consume(self, decisions: list[Decision]) -> None:
         if self.redaction is not None:
             for d in decisions:
-                d.redacted = self.redaction.decided(d.decided)
+                redactor = self.redaction.redactor(d.decided.policies)
+                if redactor.active:  # an inactive one changes nothing
+                    d.scrub = redactor.scrub(d.decided.trajectory)
+                    d.redacted = redactor.decided(d.decided, d.scrub)
         # A trace with no agent span is counted (unchecked) and goes out to the backend, but is
         # no trajectory to log, store, stream or watch for consistency: a gateway's HTTP traffic
         # would bury the agents' in them.
@@ -876,10 +879,9 @@ class _ExportConsumer:
             if decided.decision != "final":
                 continue
             t = decided.trajectory
-            if p._forward_redaction is not None:
-                scrub = p._forward_redaction.redactor(decided.policies).scrub(d.decided.trajectory)
+            if p._forward_redaction is not None and d.scrub is not None:
                 for payload in d.payloads:
-                    redact_span(payload[0], scrub.text)
+                    redact_span(payload[0], d.scrub.text)
             if p._annotate:
                 # A trace with no agent span goes out as it came: it is not a trajectory.
                 if decided.is_agent_run:

@@ -110,11 +110,12 @@ class Redactor:
         trajectory, the patterns alone (for spans forwarded before their trajectory is known)."""
         return Scrub(self, trajectory)
 
-    def decided(self, decided: Decided) -> Decided:
-        """``decided`` as it may leave the processor; ``decided`` itself is not changed."""
+    def decided(self, decided: Decided, scrub: Scrub | None = None) -> Decided:
+        """``decided`` as it may leave the processor; ``decided`` itself is not changed.
+        ``scrub``: this redactor's scrub of the trajectory, when the caller has made it already."""
         if not self.active:
             return decided
-        s = self.scrub(decided.trajectory)
+        s = scrub or self.scrub(decided.trajectory)
         t = decided.trajectory
         steps = [s.step(i, step) for i, step in enumerate(t.steps)]
         trajectory = replace(t, steps=steps, problems=[s.text(p) for p in t.problems], attributes=s.value(t.attributes))
