@@ -5,10 +5,14 @@ opening, and a live processor filling it with what it decided (redacted)."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -181,14 +185,92 @@ def test_a_full_queue_drops_and_counts_and_never_waits(tmp_path: Path) -> None:
     writer = StoreWriter(StoreConfig(path=str(tmp_path / "t.sqlite"), max_pending=3),
                          lambda o, n: outcomes.__setitem__(o, outcomes.get(o, 0) + n))  # fmt: skip
     # Not started: nothing takes from the queue.
-    accepted = [writer.offer({"trace_id": str(i), "status": "conformant", "verdicts": []}) for i in range(5)]
-    assert accepted == [True, True, True, False, False] and outcomes == {"dropped": 2}
+    records = [{"trace_id": str(i), "status": "conformant", "verdicts": []} for i in range(5)]
+    assert [writer.offer(records[:2]), writer.offer(records[2:])] == [2, 1] and outcomes == {"dropped": 2}
     writer.start()
     writer.stop()
     assert outcomes["written"] == 3
     reader = TrajectoryStore(tmp_path / "t.sqlite", readonly=True)
     assert len(reader.find(Filters())[0]) == 3
     reader.close()
+
+
+def _counter() -> tuple[dict[str, int], Callable[[str, int], None]]:
+    counts: dict[str, int] = {}
+    return counts, lambda o, n: counts.__setitem__(o, counts.get(o, 0) + n)
+
+
+def _until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within the deadline"
+        time.sleep(0.02)
+
+
+def _record(i: int) -> dict[str, Any]:
+    return {"trace_id": f"t{i}", "status": "conformant", "verdicts": []}
+
+
+def test_a_store_that_cannot_be_opened_fails_at_start_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite"
+    path.write_bytes(b"this is not a database" * 100)
+    writer = StoreWriter(StoreConfig(path=str(path)))
+    with pytest.raises(OSError, match=r"store.path: cannot open .*store.sqlite as a trajectory store"):
+        writer.start()
+    writer.stop()  # nothing started: nothing to stop
+
+
+def test_a_writer_process_that_dies_is_started_again_and_what_it_held_is_counted_failed(tmp_path: Path) -> None:
+    counts, outcome = _counter()
+    writer = StoreWriter(StoreConfig(path=str(tmp_path / "t.sqlite")), outcome)
+    writer.start()
+    try:
+        assert writer.offer([_record(i) for i in range(3)]) == 3
+        _until(lambda: counts.get("written") == 3)
+        first = writer._process
+        assert first is not None
+        os.kill(first.pid, signal.SIGSTOP)  # two records reach it and are never answered
+        writer.offer([_record(3), _record(4)])
+        time.sleep(0.2)
+        first.kill()
+        first.wait()
+        writer.offer([_record(5)])
+        _until(lambda: counts.get("written") == 4 and counts.get("failed") == 2)
+        assert writer._process is not None and writer._process.pid != first.pid
+    finally:
+        writer.stop()
+    store = TrajectoryStore(tmp_path / "t.sqlite", readonly=True)
+    assert sorted(i["trace_id"] for i in store.find(Filters())[0]) == ["t0", "t1", "t2", "t5"]
+    store.close()
+
+
+def test_a_writer_whose_processor_was_killed_writes_what_it_has_and_exits(tmp_path: Path) -> None:
+    """No writer process is left behind: it reads the end of its pipe."""
+    script = f"""
+import os, signal, sys, time
+from otel_plumb.store import StoreConfig, StoreWriter
+writer = StoreWriter(StoreConfig(path={str(tmp_path / "t.sqlite")!r}), lambda o, n: None)
+writer.start()
+writer.offer([{{"trace_id": f"t{{i}}", "status": "conformant", "verdicts": []}} for i in range(50)])
+time.sleep(0.3)  # the frame is in the pipe
+print(writer._process.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    pid = int(run.stdout.strip())
+
+    def gone() -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(") ")[1].startswith("Z")  # exited, not yet reaped by init
+        except FileNotFoundError:
+            return True
+
+    _until(gone)
+    store = TrajectoryStore(tmp_path / "t.sqlite", readonly=True)
+    assert len(store.find(Filters(), limit=100)[0]) == 50
+    store.close()
 
 
 async def test_a_running_processor_stores_what_it_decided(tmp_path: Path) -> None:

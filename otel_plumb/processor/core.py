@@ -219,7 +219,7 @@ class Processor:
         metrics_tls = self._server_tls(cfg.metrics.tls, "metrics.tls") if cfg.metrics.endpoint else None
         max_bytes = int(cfg.receivers.max_message_mib * 1024 * 1024)
         if self._store is not None:
-            self._store.start()
+            await asyncio.to_thread(self._store.start)  # the writer process opens the store
         if self.exporter is not None:
             await self.exporter.start()
             if self._annotate:

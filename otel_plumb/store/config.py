@@ -16,6 +16,6 @@ class StoreConfig(ConfigModel):
     max_age: Seconds = 7 * DAY
     # Past this size the oldest records are deleted until the file is back under it.
     max_bytes: Bytes = 1 << 30
-    # Records waiting for the writer thread; past it new ones are dropped and counted, so a
+    # Records in flight to the writer process; past it new ones are dropped and counted, so a
     # slow disk never slows the processor.
     max_pending: int = Field(default=10_000, ge=1)

@@ -3,8 +3,10 @@ in SQLite, from the live processor, ``replay --store`` and campaigns, side by si
 campaign store's tables when both use one file.
 
 One row per decided trajectory (the columns the console filters on, and the record as
-zstd-compressed JSON) and one row per verdict (to find trajectories by policy, invariant and severity). Lists are keyset
-paginated newest first, so a page costs the same at any depth; every filter has an index.
+zstd-compressed JSON, its steps either a list of records or a table, ``{"keys": [...], "rows":
+[[...], ...]}``, which reads back as the list) and one row per verdict (to find trajectories by
+policy, invariant and severity). Lists are keyset paginated newest first, so a page costs the
+same at any depth; every filter has an index.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +62,10 @@ _ZSTD_LEVEL = 1
 
 def _unpack(blob: bytes) -> dict[str, Any]:
     record: dict[str, Any] = orjson.loads(zstandard.decompress(blob) if blob[:4] == _ZSTD_MAGIC else blob)
+    steps = record.get("steps")
+    if isinstance(steps, dict):  # kept as a table: the keys once, a row per step
+        keys = steps["keys"]
+        record["steps"] = [dict(zip(keys, row, strict=True)) for row in steps["rows"]]
     return record
 
 
@@ -90,9 +97,10 @@ class Filters:
     until: float | None = None
 
 
-def _worst(verdicts: Iterable[Mapping[str, Any]]) -> str | None:
-    failed = [v.get("severity") for v in verdicts if v.get("verdict") == "fail"]
-    return min(failed, key=lambda s: SEVERITIES.index(s) if s in SEVERITIES else len(SEVERITIES), default=None)
+def _worst(failed: Iterable[Mapping[str, Any]]) -> str | None:
+    """The highest severity of these failed verdicts."""
+    severities = [v.get("severity") for v in failed]
+    return min(severities, key=lambda s: SEVERITIES.index(s) if s in SEVERITIES else len(SEVERITIES), default=None)
 
 
 def _cursor(decided_at: float, row_id: int) -> str:
@@ -152,12 +160,13 @@ class TrajectoryStore:
             first = (db.execute("SELECT MAX(id) FROM decided").fetchone()[0] or 0) + 1
             rows, verdict_rows = [], []
             for row_id, record, blob in zip(range(first, first + len(records)), records, blobs, strict=True):
-                verdicts = record.get("verdicts") or []
+                verdicts = record.get("verdicts") or ()
+                failed = [v for v in verdicts if v.get("verdict") == "fail"]
+                trace_id = record.get("trace_id") or ""
                 rows.append((
-                    row_id, source, run_id, record.get("trial_id"), at, record.get("trace_id") or "",
-                    record.get("key") or record.get("trace_id") or "", record.get("agent"), record.get("service"),
-                    record.get("status") or "unchecked", sum(v.get("verdict") == "fail" for v in verdicts),
-                    _worst(verdicts), blob,
+                    row_id, source, run_id, record.get("trial_id"), at, trace_id, record.get("key") or trace_id,
+                    record.get("agent"), record.get("service"), record.get("status") or "unchecked", len(failed),
+                    _worst(failed) if failed else None, blob,
                 ))  # fmt: skip
                 verdict_rows += [(row_id, at, v.get("policy"), v.get("invariant") or "", v.get("verdict") or "",
                                   v.get("severity") or "", v.get("step_index")) for v in verdicts]  # fmt: skip
@@ -178,7 +187,7 @@ class TrajectoryStore:
         for start in range(0, len(rows), per):
             chunk = rows[start:start + per]
             self.db.execute(f"INSERT INTO {table} VALUES {','.join([values] * len(chunk))}",
-                            [value for row in chunk for value in row])  # fmt: skip
+                            list(chain.from_iterable(chunk)))  # fmt: skip
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
