@@ -12,8 +12,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from otel_plumb.export.annotate import (
+    Forwarded,
     Origin,
-    Payload,
     annotate,
     build_requests,
     encode_requests,
@@ -88,20 +88,25 @@ def trajectories(draw: st.DrawFn) -> tuple[list[Span], Trajectory, list[Verdict]
     return out, trajectory, verdicts
 
 
+def kept(span: Span, origin: Origin) -> Forwarded:
+    """A span as the processor keeps it."""
+    return Forwarded(span.SerializeToString(), origin, span.trace_id, span.span_id.hex(), span.start_time_unix_nano,
+                     span.end_time_unix_nano, 0)  # fmt: skip
+
+
 @settings(max_examples=150, deadline=None)
 @given(trajectories())
 def test_annotation_only_adds_attributes_and_events(case: tuple[list[Span], Trajectory, list[Verdict]]) -> None:
     originals, trajectory, verdicts = case
-    origin = Origin(ResourceSpans(), ScopeSpans())
-    payloads: list[Payload] = []
-    for span in originals:
-        copy = Span()
-        copy.CopyFrom(span)
-        payloads.append((copy, origin, copy.span_id.hex(), 0))
+    origin = Origin.of(ResourceSpans(), ScopeSpans())
+    payloads = [kept(span, origin) for span in originals]
     annotate(payloads, trajectory, "violating", ["p"], verdicts)
 
     violation_events = 0
-    for original, (annotated, *_) in zip(originals, payloads, strict=True):
+    for original, payload in zip(originals, payloads, strict=True):
+        # The received bytes are kept as they came; what is added follows them.
+        assert payload.body.startswith(original.SerializeToString())
+        annotated = payload.message()
         added_attributes = annotated.attributes[len(original.attributes) :]
         added_events = annotated.events[len(original.events) :]
         assert {a.key for a in added_attributes} <= ADDED_ATTRIBUTES
@@ -114,8 +119,9 @@ def test_annotation_only_adds_attributes_and_events(case: tuple[list[Span], Traj
         del trimmed.events[len(original.events) :]
         assert trimmed == original
     assert violation_events == sum(1 for v in verdicts if v.verdict == "fail")
-    root = payloads[0][0]  # the parentless span; also the stand-in when no root is known (earliest start)
-    stand_in = root if trajectory.root_span_id else min((p[0] for p in payloads), key=lambda s: s.start_time_unix_nano)
+    spans = [p.message() for p in payloads]
+    root = spans[0]  # the parentless span; also the stand-in when no root is known (earliest start)
+    stand_in = root if trajectory.root_span_id else min(spans, key=lambda s: s.start_time_unix_nano)
     assert {a.key for a in stand_in.attributes} >= {"plumb.verdict", "plumb.violations.count"}
 
 
@@ -128,10 +134,10 @@ def test_regrouping_keeps_resource_and_scope(layout: list[tuple[int, int]], max_
     scopes = {(r, s): ScopeSpans(schema_url=f"s{r}{s}") for r in range(3) for s in range(3)}
     for (r, s), ss in scopes.items():
         ss.scope.name = f"scope{r}{s}"
-    payloads: list[Payload] = []
+    payloads: list[Forwarded] = []
     for n, (r, s) in enumerate(layout):
         span = Span(span_id=n.to_bytes(8, "big"), trace_id=b"\x01" * 16, name=f"{r}/{s}")
-        payloads.append((span, Origin(resources[r], scopes[(r, s)]), span.span_id.hex(), 0))
+        payloads.append(kept(span, Origin.of(resources[r], scopes[(r, s)])))
     requests = build_requests(payloads, max_spans)
     assert all(count <= max_spans for _, count in requests)
     seen: Counter[bytes] = Counter()
@@ -144,7 +150,7 @@ def test_regrouping_keeps_resource_and_scope(layout: list[tuple[int, int]], max_
                     assert rs.resource == resources[r].resource and rs.schema_url == f"r{r}"
                     assert ss.scope.name == f"scope{r}{s}" and ss.schema_url == f"s{r}{s}"
                     seen[span.span_id] += 1
-    assert seen == Counter(p[0].span_id for p in payloads)
+    assert seen == Counter(p.message().span_id for p in payloads)
 
 
 @settings(max_examples=50, deadline=None)
@@ -154,10 +160,10 @@ def test_requests_stay_under_max_bytes_and_split_requests_keep_every_span(
 ) -> None:
     resources = [ResourceSpans(schema_url=f"r{i}") for i in range(3)]
     scopes = [ScopeSpans(schema_url=f"s{i}") for i in range(3)]
-    payloads: list[Payload] = []
+    payloads: list[Forwarded] = []
     for n, (r, size) in enumerate(layout):
         span = Span(span_id=n.to_bytes(8, "big"), trace_id=b"\x01" * 16, name="x" * size)
-        payloads.append((span, Origin(resources[r], scopes[r]), span.span_id.hex(), 0))
+        payloads.append(kept(span, Origin.of(resources[r], scopes[r])))
     bodies = encode_requests(payloads, 1000, max_bytes)
     for body, count in bodies:
         assert len(body) <= max_bytes or count == 1, "only a span too big alone goes over"
@@ -169,18 +175,18 @@ def test_requests_stay_under_max_bytes_and_split_requests_keep_every_span(
     for parts in (halves, [(r.SerializeToString(), 0) for r in again]):
         ids = [s.span_id for b, _ in parts for rs in ExportTraceServiceRequest.FromString(b).resource_spans
                for ss in rs.scope_spans for s in ss.spans]  # fmt: skip
-        assert sorted(ids) == sorted(p[0].span_id for p in payloads)
+        assert sorted(ids) == sorted(p.message().span_id for p in payloads)
 
 
 def test_annotation_values_are_cut_with_a_marker() -> None:
     span = Span(span_id=b"\x02" * 8, trace_id=b"\x01" * 16, name="send_email")
-    payloads: list[Payload] = [(span, Origin(ResourceSpans(), ScopeSpans()), span.span_id.hex(), 0)]
+    payloads = [kept(span, Origin.of(ResourceSpans(), ScopeSpans()))]
     trajectory = Trajectory(key="01" * 16, trace_ids=["01" * 16], steps=[])
     big = "y" * 100_000
     verdict = Verdict(policy="p", invariant="short", verdict="fail", severity="high", message=f"got {big}",
                       span_id=span.span_id.hex(), expected="^short$", got=big)  # fmt: skip
     annotate(payloads, trajectory, "violating", ["p"], [verdict], max_chars=100)
-    event = span.events[0]
+    event = payloads[0].message().events[0]
     values = {a.key: a.value.string_value for a in event.attributes}
     assert values["got"] == "y" * 100 + "… [99900 more characters]"
     assert values["message"].endswith("more characters]") and len(values["message"]) < 140

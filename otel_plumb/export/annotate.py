@@ -1,9 +1,13 @@
 """Annotated spans: the original OTLP spans, unchanged apart from added plumb.* attributes and
 ``plumb.violation`` events, grouped back into ResourceSpans/ScopeSpans for export.
 
-The receivers keep each span's proto message with an ``Origin`` (its ResourceSpans and
-ScopeSpans, shared by all spans of that group), so the exported request carries the same
-resource, scope and schema URLs the agent sent.
+The processor keeps each received span as its wire bytes (``Forwarded``) with an ``Origin``
+(its resource and scope, serialised once per request and shared by their spans), so the
+exported request carries the same resource, scope and schema URLs the agent sent, and a
+buffered span holds its own bytes rather than the whole parsed request. Annotations are
+appended to those bytes as a serialised ``Span`` holding only the added attributes and events:
+protobuf reads concatenated messages as one, repeated fields appended, so the span is
+byte-for-byte what was received, followed by what was added.
 """
 
 from __future__ import annotations
@@ -25,19 +29,50 @@ VIOLATION_EVENT = "plumb.violation"
 
 
 class Origin:
-    """Where a span came from: the ResourceSpans and ScopeSpans it was received in."""
+    """Where a span came from: its resource and instrumentation scope (serialised) and their
+    schema URLs. Spans of equal origins are exported under one ResourceSpans and ScopeSpans."""
 
-    __slots__ = ("resource_spans", "scope_spans")
+    __slots__ = ("resource", "resource_schema_url", "scope", "scope_schema_url")
 
-    def __init__(self, resource_spans: ResourceSpans, scope_spans: ScopeSpans) -> None:
-        self.resource_spans = resource_spans
-        self.scope_spans = scope_spans
+    def __init__(self, resource: bytes, resource_schema_url: str, scope: bytes, scope_schema_url: str) -> None:
+        self.resource = resource
+        self.resource_schema_url = resource_schema_url
+        self.scope = scope
+        self.scope_schema_url = scope_schema_url
+
+    @classmethod
+    def of(cls, resource_spans: ResourceSpans, scope_spans: ScopeSpans) -> Origin:
+        return cls(resource_spans.resource.SerializeToString(), resource_spans.schema_url,
+                   scope_spans.scope.SerializeToString(), scope_spans.schema_url)  # fmt: skip
 
 
-# What the assembler keeps per span so it can be forwarded unchanged: the span, where it came
-# from, its span id in hex (as verdicts name it; read once at receipt), and the id of the
-# journaled request it arrived in (0: not journaled).
-Payload = tuple[Span, Origin, str, int]
+class Forwarded:
+    """A received span as the processor keeps it to forward it: its wire bytes (annotations
+    appended), where it came from, its ids (the span id in hex, as verdicts name it), its times,
+    and the id of the journaled request it arrived in (0: not journaled)."""
+
+    __slots__ = ("body", "end_ns", "journal_id", "origin", "span_id", "start_ns", "trace_id")
+
+    def __init__(
+        self, body: bytes, origin: Origin, trace_id: bytes, span_id: str, start_ns: int, end_ns: int, journal_id: int
+    ) -> None:
+        self.body = body
+        self.origin = origin
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.journal_id = journal_id
+
+    def add(self, attributes: dict[str, Any], events: Iterable[Span.Event] = ()) -> None:
+        """Append attributes and events to the span."""
+        addition = Span()
+        addition.attributes.extend(to_key_values(attributes))
+        addition.events.extend(events)
+        self.body += addition.SerializeToString()
+
+    def message(self) -> Span:
+        return Span.FromString(self.body)
 
 
 # Default cut for annotation values (exporters.otlp.max_annotation_chars).
@@ -78,7 +113,7 @@ def trajectory_attributes(status: str, policies: Sequence[str], failures: Sequen
 
 
 def annotate(
-    payloads: Sequence[Payload],
+    spans: Sequence[Forwarded],
     trajectory: Trajectory,
     status: str,
     policies: Sequence[str],
@@ -94,28 +129,35 @@ def annotate(
     """
     failures = [v for v in verdicts if v.verdict == "fail"]
     root_id = trajectory.root_span_id
-    root = next((span for span, _, span_id, _ in payloads if span_id == root_id), None) if root_id else None
-    if root is None and payloads:
+    root = next((span for span in spans if span.span_id == root_id), None) if root_id else None
+    if root is None and spans:
         # No root received: the earliest span stands for the trajectory.
-        root = min((p[0] for p in payloads), key=lambda s: s.start_time_unix_nano)
+        root = min(spans, key=lambda s: s.start_ns)
     if root is not None:
-        root.attributes.extend(to_key_values(trajectory_attributes(status, policies, failures)))
+        root.add(trajectory_attributes(status, policies, failures))
     if not failures:
         return
-    by_id = {span_id: span for span, _, span_id, _ in payloads}
-    offending: dict[int, tuple[Span, list[Verdict]]] = {}
+    by_id = {span.span_id: span for span in spans}
+    offending: dict[int, tuple[Forwarded, list[Verdict]]] = {}
     for v in failures:
         span = by_id.get(v.span_id or "") or root
         if span is None:
             continue
         offending.setdefault(id(span), (span, []))[1].append(v)
     for span, vs in offending.values():
-        span.attributes.extend(to_key_values({"plumb.violation.ids": list(dict.fromkeys(v.invariant for v in vs))}))
+        events = []
         for v in vs:
-            event = span.events.add()
-            event.name = VIOLATION_EVENT
-            event.time_unix_nano = span.end_time_unix_nano or span.start_time_unix_nano
+            event = Span.Event(name=VIOLATION_EVENT, time_unix_nano=span.end_ns or span.start_ns)
             event.attributes.extend(to_key_values(violation_event_attributes(v, max_chars)))
+            events.append(event)
+        span.add({"plumb.violation.ids": list(dict.fromkeys(v.invariant for v in vs))}, events)
+
+
+def redact_forwarded(span: Forwarded, text: Callable[[str], str]) -> None:
+    """``redact_span`` on a kept span's bytes."""
+    message = span.message()
+    redact_span(message, text)
+    span.body = message.SerializeToString()
 
 
 def redact_span(span: Span, text: Callable[[str], str]) -> None:
@@ -153,52 +195,50 @@ def _redact_value(value: AnyValue, text: Callable[[str], str], depth: int) -> No
 
 
 def encode_requests(
-    payloads: Iterable[Payload], max_spans: int, max_bytes: int | None = None
+    spans: Iterable[Forwarded], max_spans: int, max_bytes: int | None = None
 ) -> list[tuple[bytes, int]]:
     """Serialised ``ExportTraceServiceRequest``s: spans grouped back under their resource and
     scope, at most ``max_spans`` spans and about ``max_bytes`` bytes per request (a span bigger
     than that alone goes in a request of its own).
 
-    The request is written in protobuf wire format around each span's own serialisation, so spans
-    are serialised once and never copied into a new message (the bulk of the export cost)."""
-    return _encode_spans(((span.SerializeToString(), origin) for span, origin, _, _ in payloads), max_spans, max_bytes)
+    The request is written in protobuf wire format around each span's own bytes, so spans are
+    never copied into a new message (the bulk of the export cost)."""
+    return _encode_spans(((span.body, span.origin) for span in spans), max_spans, max_bytes)
 
 
 # Bytes a resource or scope wrapper may add to a request, besides the spans (an estimate, so
 # that requests stay under max_bytes without serialising them twice).
 _GROUP_OVERHEAD = 64
 
+# Spans grouped for one request: per resource (bytes, schema URL), per scope (bytes, schema URL).
+_Groups = dict[tuple[bytes, str], dict[tuple[bytes, str], list[bytes]]]
+
 
 def _encode_spans(
     spans: Iterable[tuple[bytes, Origin]], max_spans: int, max_bytes: int | None
 ) -> list[tuple[bytes, int]]:
     out: list[tuple[bytes, int]] = []
-    groups: dict[int, tuple[ResourceSpans, dict[int, tuple[ScopeSpans, list[bytes]]]]] = {}
+    groups: _Groups = {}
     count = size = 0
-    sizes: dict[int, int] = {}
     for body, origin in spans:
-        rs = origin.resource_spans
-        ss = origin.scope_spans
+        resource = (origin.resource, origin.resource_schema_url)
+        scope = (origin.scope, origin.scope_schema_url)
         extra = len(body) + 6
+        group = groups.get(resource)
         if max_bytes is not None:
-            if id(rs) not in groups:
-                extra += sizes.get(id(rs)) or sizes.setdefault(id(rs), rs.resource.ByteSize() + _GROUP_OVERHEAD)
-            if id(rs) not in groups or id(ss) not in groups[id(rs)][1]:
-                extra += sizes.get(id(ss)) or sizes.setdefault(id(ss), ss.scope.ByteSize() + _GROUP_OVERHEAD)
+            if group is None:
+                extra += len(origin.resource) + _GROUP_OVERHEAD
+            if group is None or scope not in group:
+                extra += len(origin.scope) + _GROUP_OVERHEAD
         if count and (count >= max_spans or (max_bytes is not None and size + extra > max_bytes)):
             out.append((_encode_request(groups), count))
-            groups, count, size = {}, 0, 0
+            groups, count, size, group = {}, 0, 0, None
             if max_bytes is not None:  # the wrappers go into the new request as well
-                extra = len(body) + 6 + sizes[id(rs)] + sizes[id(ss)]
+                extra = len(body) + 6 + len(origin.resource) + len(origin.scope) + 2 * _GROUP_OVERHEAD
         size += extra
-        group = groups.get(id(rs))
         if group is None:
-            group = groups[id(rs)] = (rs, {})
-        ss = origin.scope_spans
-        scope = group[1].get(id(ss))
-        if scope is None:
-            scope = group[1][id(ss)] = (ss, [])
-        scope[1].append(body)
+            group = groups[resource] = {}
+        group.setdefault(scope, []).append(body)
         count += 1
     if count:
         out.append((_encode_request(groups), count))
@@ -209,21 +249,12 @@ def split_request(body: bytes, max_spans: int, max_bytes: int | None = None) -> 
     """A serialised request cut into requests of at most ``max_spans`` spans (and about
     ``max_bytes`` bytes), every span under its own resource and scope as before."""
     request = ExportTraceServiceRequest.FromString(body)
-    spans = (
-        (span.SerializeToString(), Origin(rs, ss))
-        for rs in request.resource_spans
-        for ss in rs.scope_spans
-        for span in ss.spans
-    )
-    # Holds every resource and scope of the request alive while encoding (they are told apart by id).
-    origins: dict[tuple[int, int], Origin] = {}
-
-    def grouped() -> Iterable[tuple[bytes, Origin]]:
-        for span_body, origin in spans:
-            key = (id(origin.resource_spans), id(origin.scope_spans))
-            yield span_body, origins.setdefault(key, origin)
-
-    return _encode_spans(grouped(), max_spans, max_bytes)
+    spans = []
+    for rs in request.resource_spans:
+        for ss in rs.scope_spans:
+            origin = Origin.of(rs, ss)
+            spans += [(span.SerializeToString(), origin) for span in ss.spans]
+    return _encode_spans(spans, max_spans, max_bytes)
 
 
 def halve_request(body: bytes, spans: int) -> list[tuple[bytes, int]]:
@@ -231,9 +262,9 @@ def halve_request(body: bytes, spans: int) -> list[tuple[bytes, int]]:
     return split_request(body, (spans + 1) // 2)
 
 
-def build_requests(payloads: Iterable[Payload], max_spans: int) -> list[tuple[ExportTraceServiceRequest, int]]:
+def build_requests(spans: Iterable[Forwarded], max_spans: int) -> list[tuple[ExportTraceServiceRequest, int]]:
     """``encode_requests`` as messages."""
-    return [(ExportTraceServiceRequest.FromString(body), n) for body, n in encode_requests(payloads, max_spans)]
+    return [(ExportTraceServiceRequest.FromString(body), n) for body, n in encode_requests(spans, max_spans)]
 
 
 # Field tags (field number << 3 | length-delimited): ExportTraceServiceRequest.resource_spans = 1;
@@ -254,18 +285,18 @@ def _field(tag: bytes, body: bytes) -> bytes:
     return tag + _varint(len(body)) + body
 
 
-def _encode_request(groups: dict[int, tuple[ResourceSpans, dict[int, tuple[ScopeSpans, list[bytes]]]]]) -> bytes:
+def _encode_request(groups: _Groups) -> bytes:
     parts: list[bytes] = []
-    for rs, scopes in groups.values():
-        body = [_field(_TAG_1, rs.resource.SerializeToString())]
-        for ss, spans in scopes.values():
-            scope_body = [_field(_TAG_1, ss.scope.SerializeToString())]
+    for (resource, resource_schema_url), scopes in groups.items():
+        body = [_field(_TAG_1, resource)]
+        for (scope, scope_schema_url), spans in scopes.items():
+            scope_body = [_field(_TAG_1, scope)]
             scope_body.extend(_TAG_2 + _varint(len(span)) + span for span in spans)
-            if ss.schema_url:
-                scope_body.append(_field(_TAG_3, ss.schema_url.encode()))
+            if scope_schema_url:
+                scope_body.append(_field(_TAG_3, scope_schema_url.encode()))
             body.append(_field(_TAG_2, b"".join(scope_body)))
-        if rs.schema_url:
-            body.append(_field(_TAG_3, rs.schema_url.encode()))
+        if resource_schema_url:
+            body.append(_field(_TAG_3, resource_schema_url.encode()))
         parts.append(_field(_TAG_1, b"".join(body)))
     return b"".join(parts)
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from otel_plumb.check import budget_exceeded
 from otel_plumb.consistency import PathAgreement
+from otel_plumb.export.annotate import Forwarded
 from otel_plumb.export.metrics import Metrics
 from otel_plumb.export.verdict_log import VerdictLog
 from otel_plumb.model import Decided, Verdict
@@ -35,7 +36,7 @@ class Decision:
 
     decided: Decided
     # The received spans of the trajectory (forwarded by the export consumer); none when early.
-    payloads: list[Any] = field(default_factory=list)
+    payloads: list[Forwarded] = field(default_factory=list)
     # From the trajectory's last span to its decision.
     latency_s: float = 0.0
     # Failures not already reported early (so each violation is counted once).

@@ -20,7 +20,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from aiohttp import web
@@ -35,10 +35,11 @@ from otel_plumb.configtypes import parse_hostport
 from otel_plumb.consistency import PathAgreement
 from otel_plumb.console import console_app
 from otel_plumb.export.annotate import (
+    Forwarded,
     Origin,
-    Payload,
     annotate,
     encode_requests,
+    redact_forwarded,
     redact_span,
     verdict_span_request,
 )
@@ -46,7 +47,7 @@ from otel_plumb.export.metrics import Metrics, metrics_app
 from otel_plumb.export.otlp import OtlpExporter, StorageError
 from otel_plumb.export.verdict_log import VerdictLog
 from otel_plumb.intake import Intake, Source
-from otel_plumb.model import Decided, Trajectory, Verdict
+from otel_plumb.model import Decided, SpanRecord, Trajectory, Verdict
 from otel_plumb.processor.config import ConfigError, ProcessorConfig, exposure_errors
 from otel_plumb.processor.consumers import (
     CallbackConsumer,
@@ -62,7 +63,7 @@ from otel_plumb.processor.consumers import (
 )
 from otel_plumb.ratelimit import RateLimitedLog
 from otel_plumb.receive import auth, connections, grpc_server, http_server
-from otel_plumb.receive.otlp import attributes, span_record
+from otel_plumb.receive.otlp import attributes, native_decode_request, span_record
 from otel_plumb.receive.sink import IngestResult, Throttled
 from otel_plumb.redact import Scrub
 from otel_plumb.store import StoreWriter
@@ -168,7 +169,7 @@ class Processor:
         # What could not be written while storage was failing, kept to be written later (in
         # order): spans of decided trajectories (with whole_traces), passthrough requests, and
         # journal entries to release. Submits go one at a time so the journal counts stay exact.
-        self._held: list[tuple[list[Payload], bool]] = []
+        self._held: list[tuple[list[Forwarded], bool]] = []
         self._held_requests: list[tuple[bytes, int]] = []
         self._held_releases: list[int] = []
         self._submit_lock = asyncio.Lock()
@@ -458,7 +459,7 @@ class Processor:
                         self.config.receivers.retry_after, f"otel-plumb cannot write its state ({exc}); retry later",
                         overloaded=False,
                     ) from exc  # fmt: skip
-            return await self._take(request, receiver, journal_id)
+            return await self._take(request, receiver, journal_id, raw)
         finally:
             self._incoming -= count
             self._incoming_bytes -= size
@@ -489,35 +490,39 @@ class Processor:
         request: ExportTraceServiceRequest,
         receiver: str,
         journal_id: int,
+        raw: bytes | None = None,
         skip_traces: set[bytes] | frozenset[bytes] = frozenset(),
     ) -> IngestResult:
-        """Normalise and buffer every span of a request (but those of ``skip_traces``)."""
+        """Normalise and buffer every span of a request (but those of ``skip_traces``); ``raw``:
+        the request's bytes, when it came as protobuf."""
         now = time.monotonic()
         taken = rejected = resent = 0
         # Forwarded unchecked: spans of decided traces (late), and spans of traces still in flight
         # (over the span limit, unreadable) whose other spans must still be replayable.
-        late: list[Payload] = []
-        unchecked: list[Payload] = []
+        late: list[Forwarded] = []
+        unchecked: list[Forwarded] = []
         touched: dict[str, bool] = {}
         # Traces let go before they completed whose late spans hold calls: checked on their tombstone.
         tombstoned: set[str] = set()
         early_checks = self._early_checks
         intake = self.intake
+        # Only the annotate mode forwards buffered spans (passthrough forwarded the request).
+        annotating = self._annotate and self.exporter is not None
         source = Source(f"request on {receiver}")
         counted = self.metrics.spans_dropped
-        # The tenant of the request's bearer token (receive.auth): None when its listener has no
-        # auth; otherwise it replaces whatever plumb.tenant the client put on its resources.
         tenant = auth.TENANT.get()
+        decoded = _decoded(raw, _span_count(request), tenant)
+        index = -1
         for rs in request.resource_spans:
-            resource = attributes(rs.resource.attributes)
-            if tenant is not None:
-                resource.pop(auth.TENANT_ATTRIBUTE, None)
-                if tenant:
-                    resource[auth.TENANT_ATTRIBUTE] = tenant
+            resource: dict[str, Any] = {}
+            if decoded is None:
+                resource = attributes(rs.resource.attributes)
+                _set_tenant(resource, tenant)
             for ss in rs.scope_spans:
-                origin = Origin(rs, ss)
+                origin = Origin.of(rs, ss)
                 scope_name = ss.scope.name
                 for span in ss.spans:
+                    index += 1
                     if len(span.trace_id) != 16 or len(span.span_id) != 8:
                         rejected += 1
                         # What else of its trace the rejected span held is unknown: the
@@ -530,15 +535,28 @@ class Processor:
                         continue
                     if skip_traces and span.trace_id in skip_traces:
                         continue
-                    payload: Payload = (span, origin, span.span_id.hex(), journal_id)
                     try:
-                        record = span_record(span, resource, scope_name)
+                        if decoded is None:
+                            record = span_record(span, resource, scope_name)
+                        else:
+                            record = decoded[index]
+                            if record.span_id != span.span_id.hex():  # never a record of another span
+                                raise ValueError(f"the compiled decoder read span {record.span_id} here")
                     except Exception as exc:  # a span nobody can decode is still forwarded, never lost
-                        log.warning("cannot decode span %s; forwarding it unchecked: %s", payload[2], exc)
-                        intake.unreadable(source, f"span {payload[2]} could not be decoded: {exc}", span.trace_id.hex())
+                        span_id = span.span_id.hex()
+                        log.warning("cannot decode span %s; forwarding it unchecked: %s", span_id, exc)
+                        intake.unreadable(source, f"span {span_id} could not be decoded: {exc}", span.trace_id.hex())
                         outcome, normalised = AddOutcome.UNREADABLE, None
+                        payload = Forwarded(b"", origin, span.trace_id, span_id, span.start_time_unix_nano,
+                                            span.end_time_unix_nano, journal_id)  # fmt: skip
                     else:
+                        # The ids and times are the record's own objects: shared, not copied.
+                        payload = Forwarded(b"", origin, span.trace_id, record.span_id, record.start_ns, record.end_ns,
+                                            journal_id)  # fmt: skip
                         outcome, normalised = intake.add(record, payload, now, source, _held_bytes(span))
+                    if annotating and outcome not in _RESENT:
+                        # Kept as bytes, so the parsed request is let go once it is read.
+                        payload.body = span.SerializeToString()
                     if outcome is AddOutcome.ACCEPTED:
                         taken += 1
                         assert normalised is not None
@@ -598,7 +616,7 @@ class Processor:
                     await self._decide(finished)
         if self._forward_scrub is not None and self._annotate:
             for payload in (*late, *unchecked):
-                redact_span(payload[0], self._forward_scrub.text)
+                redact_forwarded(payload, self._forward_scrub.text)
         if late and self._annotate:
             await self._submit(late)
         if unchecked and self._annotate:
@@ -673,7 +691,7 @@ class Processor:
                 self._rooted.discard(t)
                 self._early_state.pop(t, None)
             new_failures = [v for v in decided.failures if (v.policy, v.invariant) not in early]
-            decisions.append(Decision(decided, f.payloads, now - last, new_failures))
+            decisions.append(Decision(decided, cast("list[Forwarded]", f.payloads), now - last, new_failures))
             for t in f.trace_ids:
                 tombstone = self.intake.tombstone(t)
                 if tombstone is not None:  # its late spans report only what this did not
@@ -729,7 +747,7 @@ class Processor:
                     name, len(decisions), type(exc).__name__, exc,
                 )  # fmt: skip
 
-    async def _submit(self, payloads: list[Payload], whole_traces: bool = True) -> None:
+    async def _submit(self, payloads: list[Forwarded], whole_traces: bool = True) -> None:
         """Queue spans for export, and in the same transaction release the journaled requests
         whose last span this was. ``whole_traces``: the payloads hold every span their traces
         have in their journaled requests, so a replay can skip those traces.
@@ -745,19 +763,20 @@ class Processor:
             if not await self._write(payloads, whole_traces):
                 self._hold(payloads, whole_traces)
 
-    def _hold(self, payloads: list[Payload], whole_traces: bool) -> None:
+    def _hold(self, payloads: list[Forwarded], whole_traces: bool) -> None:
         assert self.exporter is not None
         self._held.append((payloads, whole_traces))
         self.exporter.hold(len(payloads))
 
-    async def _write(self, payloads: list[Payload], whole_traces: bool) -> bool:
+    async def _write(self, payloads: list[Forwarded], whole_traces: bool) -> bool:
         """One submit; the journal counts change only once it is on disk. False: storage failed."""
         assert self.exporter is not None
         done: set[tuple[int, bytes]] = set()
         released: list[int] = []
         pending = self._journal_pending
         taken: dict[int, int] = {}
-        for span, _, _, journal_id in payloads:
+        for span in payloads:
+            journal_id = span.journal_id
             if journal_id:
                 if whole_traces:
                     done.add((journal_id, span.trace_id))
@@ -837,7 +856,7 @@ class Processor:
         assert self.exporter is not None
         entries = await self.exporter.journaled()
         for journal_id, body, done in entries:
-            await self._take(ExportTraceServiceRequest.FromString(body), "journal", journal_id, done)
+            await self._take(ExportTraceServiceRequest.FromString(body), "journal", journal_id, body, done)
         if entries:
             log.info("replayed %d journaled requests from a previous run", len(entries))
 
@@ -872,7 +891,7 @@ class _ExportConsumer:
     async def consume(self, decisions: Sequence[Decision]) -> None:
         p = self.processor
         assert p.exporter is not None
-        out: list[Payload] = []
+        out: list[Forwarded] = []
         verdict_spans: list[ExportTraceServiceRequest] = []
         for d in decisions:
             decided = d.emitted
@@ -881,7 +900,7 @@ class _ExportConsumer:
             t = decided.trajectory
             if p._forward_redaction is not None and d.scrub is not None:
                 for payload in d.payloads:
-                    redact_span(payload[0], d.scrub.text)
+                    redact_forwarded(payload, d.scrub.text)
             if p._annotate:
                 # A trace with no agent span goes out as it came: it is not a trajectory.
                 if decided.is_agent_run:
@@ -895,6 +914,37 @@ class _ExportConsumer:
             await p._submit(out)
         if verdict_spans:
             await p._submit_requests([(request.SerializeToString(), 1) for request in verdict_spans])
+
+
+_RESENT = (AddOutcome.DUPLICATE, AddOutcome.CONFLICTING_DUPLICATE)
+
+
+def _decoded(raw: bytes | None, spans: int, tenant: str | None) -> list[SpanRecord] | None:
+    """The records of a request's ``spans`` spans, in their order, from the compiled decoder (a
+    fraction of the time reading each span's attributes here takes); None without the request's
+    bytes or the decoder, or when it refuses them or counts other spans (each span is then read
+    from the parsed request)."""
+    if raw is None or native_decode_request is None:
+        return None
+    try:
+        records = native_decode_request(raw)
+    except Exception:
+        return None
+    if len(records) != spans:
+        return None
+    if tenant is not None:
+        for resource in {id(r.resource): r.resource for r in records}.values():  # one per ResourceSpans
+            _set_tenant(cast("dict[str, Any]", resource), tenant)
+    return records
+
+
+def _set_tenant(resource: dict[str, Any], tenant: str | None) -> None:
+    """The tenant of the request's bearer token (receive.auth) replaces whatever plumb.tenant
+    the client put on its resources; None: the listener has no auth."""
+    if tenant is not None:
+        resource.pop(auth.TENANT_ATTRIBUTE, None)
+        if tenant:
+            resource[auth.TENANT_ATTRIBUTE] = tenant
 
 
 def _held_bytes(span: Span) -> int:

@@ -1,0 +1,70 @@
+"""The live path reads each request's spans through the compiled decoder: every captured
+fixture, sent as protobuf requests with and without it (and under a bearer token's tenant),
+gives the same decided trajectories."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from test_live_support import config
+
+from otel_plumb.check import load_policies
+from otel_plumb.demo.run import policy_path
+from otel_plumb.model import Decided
+from otel_plumb.processor import Processor
+from otel_plumb.processor import core as processor_core
+from otel_plumb.receive import auth
+from otel_plumb.receive.otlp import native_decode_request
+from otel_plumb.receive.otlp_json import parse_request
+from otel_plumb.report.records import decided_record
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REQUESTS = [
+    *sorted((FIXTURES / "conventions").glob("*.jsonl")),
+    *sorted((FIXTURES / "ap").glob("*.jsonl")),
+]
+
+pytestmark = pytest.mark.skipif(native_decode_request is None, reason="the compiled decoder is not built")
+
+
+def _requests(path: Path) -> list[bytes]:
+    return [parse_request(json.loads(line)).SerializeToString() for line in path.read_text().splitlines() if line]
+
+
+async def _decide(tmp_path: Path, bodies: list[bytes], tenant: str | None) -> list[dict[str, Any]]:
+    tmp_path.mkdir()
+    processor = Processor(config(tmp_path), load_policies([policy_path()]))
+    decided: list[Decided] = []
+    processor.on_decided(decided.append)
+    await processor.start()
+    token = auth.TENANT.set(tenant)
+    try:
+        for body in bodies:
+            await processor.ingest(ExportTraceServiceRequest.FromString(body), "grpc", body)
+    finally:
+        auth.TENANT.reset(token)
+    deadline = asyncio.get_running_loop().time() + 20
+    while processor.intake.traces_in_flight and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
+    await processor.stop()
+    records = [{**decided_record(d), "tenant": d.trajectory.attributes.get(auth.TENANT_ATTRIBUTE)} for d in decided]
+    return sorted(records, key=lambda r: r["trace_id"])
+
+
+@pytest.mark.parametrize("path", REQUESTS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+async def test_the_compiled_decoder_and_the_protobuf_runtime_decide_alike(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bodies = _requests(path)
+    for tenant in (None, "acme"):
+        native = await _decide(tmp_path / f"native-{tenant}", bodies, tenant)
+        with monkeypatch.context() as m:
+            m.setattr(processor_core, "native_decode_request", None)
+            pure = await _decide(tmp_path / f"pure-{tenant}", bodies, tenant)
+        assert native == pure
+        assert [r["tenant"] for r in native] == [tenant] * len(native)
