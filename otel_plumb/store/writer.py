@@ -152,7 +152,11 @@ class StoreWriter:
     def _read(self, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None
         for line in process.stdout:
-            what, count, message = orjson.loads(line)
+            try:
+                what, count, message = orjson.loads(line)
+            except ValueError:  # not an answer (its output is its own): logged, not taken for one
+                log.warning("the store's writer printed %r", line[:200])
+                continue
             if message:
                 log.error("%s", message)
             if count:
