@@ -244,6 +244,22 @@ def test_a_writer_process_that_dies_is_started_again_and_what_it_held_is_counted
     store.close()
 
 
+def test_a_batch_the_store_refuses_is_counted_failed_and_logged_and_writing_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    counts, outcome = _counter()
+    writer = StoreWriter(StoreConfig(path=str(tmp_path / "t.sqlite")), outcome)
+    writer.start()
+    try:
+        writer.offer([{"trace_id": {"not": "a string"}, "status": "conformant", "verdicts": []}])  # SQLite refuses it
+        _until(lambda: counts.get("failed") == 1)
+        writer.offer([_record(1)])
+        _until(lambda: counts.get("written") == 1)
+    finally:
+        writer.stop()
+    assert any("cannot write 1 trajectories to the store" in r.getMessage() for r in caplog.records)
+
+
 def test_a_writer_whose_processor_was_killed_writes_what_it_has_and_exits(tmp_path: Path) -> None:
     """No writer process is left behind: it reads the end of its pipe."""
     script = f"""
