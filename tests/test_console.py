@@ -175,8 +175,10 @@ def test_conformance_campaigns_compare_and_the_openapi_document(filled: dict[str
     status, report = get(console, f"/api/v1/campaigns/{filled['campaign']['run_id']}")
     assert status == 200 and report["arms"] == filled["campaign"]["arms"]
     trials = filled["campaign"]["trials"]
-    faulty, fixed = (next(t for t in trials if t["arm"] == arm and t["perturbation"] == "tool_fault")
-                     for arm in ("faulty", "fixed"))  # fmt: skip
+    # The same invoice under the same fault in both arms (trials finish in any order).
+    faulty = next(t for t in trials if t["arm"] == "faulty" and t["perturbation"] == "tool_fault")
+    fixed = next(t for t in trials if t["arm"] == "fixed" and t["perturbation"] == "tool_fault"
+                 and t["case_id"] == faulty["case_id"])  # fmt: skip
     status, compared = get(console, "/api/v1/compare", a=faulty["trace_id"], b=fixed["trace_id"])
     assert status == 200 and compared["left"]["arm"] == "faulty" and compared["right"]["arm"] == "fixed"
     # Under the fault the fixed build retries the failed duplicate check; the faulty one goes on without.
