@@ -20,6 +20,7 @@ import logging
 import os
 import queue
 import select
+import site
 import sqlite3
 import struct
 import subprocess
@@ -50,6 +51,17 @@ Outcome = Callable[[str, int], None]
 _LENGTH = struct.Struct(">I")
 # Where the package is imported from, for the writer process to import the same.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def _writer_env() -> dict[str, str]:
+    """This environment, with the folder the package was imported from first on PYTHONPATH when
+    it is a source tree. Not a site-packages folder: the writer finds an installed package as
+    this process did, and a site-packages folder put before the standard library would let an
+    old backport there shadow a standard module."""
+    installed = {str(Path(p).resolve()) for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    if _PACKAGE_ROOT in installed:
+        return dict(os.environ)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
 
 
 class StoreWriter:
@@ -105,11 +117,10 @@ class StoreWriter:
     # ---- the writer process, from this side ------------------------------------------------------
 
     def _spawn(self) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
         command = [sys.executable, "-m", "otel_plumb.store", str(self.config.path),
                    repr(self.config.max_age), str(self.config.max_bytes)]  # fmt: skip
         # A session of its own: Ctrl-C in a terminal reaches the processor, which stops its writer.
-        process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+        process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_writer_env(),
                                    start_new_session=True)  # fmt: skip
         assert process.stdout is not None
         ready, _, _ = select.select([process.stdout], [], [], START_TIMEOUT)
