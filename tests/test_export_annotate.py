@@ -20,6 +20,7 @@ from otel_plumb.export.annotate import (
     halve_request,
     split_request,
     truncate,
+    wire,
 )
 from otel_plumb.model import Trajectory, Verdict
 
@@ -88,6 +89,10 @@ def trajectories(draw: st.DrawFn) -> tuple[list[Span], Trajectory, list[Verdict]
     return out, trajectory, verdicts
 
 
+def origin_of(rs: ResourceSpans, ss: ScopeSpans) -> Origin:
+    return Origin(wire(rs.resource, rs.schema_url), wire(ss.scope, ss.schema_url))
+
+
 def kept(span: Span, origin: Origin) -> Forwarded:
     """A span as the processor keeps it."""
     return Forwarded(span.SerializeToString(), origin, span.trace_id, span.span_id.hex(), span.start_time_unix_nano,
@@ -98,7 +103,7 @@ def kept(span: Span, origin: Origin) -> Forwarded:
 @given(trajectories())
 def test_annotation_only_adds_attributes_and_events(case: tuple[list[Span], Trajectory, list[Verdict]]) -> None:
     originals, trajectory, verdicts = case
-    origin = Origin.of(ResourceSpans(), ScopeSpans())
+    origin = origin_of(ResourceSpans(), ScopeSpans())
     payloads = [kept(span, origin) for span in originals]
     annotate(payloads, trajectory, "violating", ["p"], verdicts)
 
@@ -137,7 +142,7 @@ def test_regrouping_keeps_resource_and_scope(layout: list[tuple[int, int]], max_
     payloads: list[Forwarded] = []
     for n, (r, s) in enumerate(layout):
         span = Span(span_id=n.to_bytes(8, "big"), trace_id=b"\x01" * 16, name=f"{r}/{s}")
-        payloads.append(kept(span, Origin.of(resources[r], scopes[(r, s)])))
+        payloads.append(kept(span, origin_of(resources[r], scopes[(r, s)])))
     requests = build_requests(payloads, max_spans)
     assert all(count <= max_spans for _, count in requests)
     seen: Counter[bytes] = Counter()
@@ -163,7 +168,7 @@ def test_requests_stay_under_max_bytes_and_split_requests_keep_every_span(
     payloads: list[Forwarded] = []
     for n, (r, size) in enumerate(layout):
         span = Span(span_id=n.to_bytes(8, "big"), trace_id=b"\x01" * 16, name="x" * size)
-        payloads.append(kept(span, Origin.of(resources[r], scopes[r])))
+        payloads.append(kept(span, origin_of(resources[r], scopes[r])))
     bodies = encode_requests(payloads, 1000, max_bytes)
     for body, count in bodies:
         assert len(body) <= max_bytes or count == 1, "only a span too big alone goes over"
@@ -180,7 +185,7 @@ def test_requests_stay_under_max_bytes_and_split_requests_keep_every_span(
 
 def test_annotation_values_are_cut_with_a_marker() -> None:
     span = Span(span_id=b"\x02" * 8, trace_id=b"\x01" * 16, name="send_email")
-    payloads = [kept(span, Origin.of(ResourceSpans(), ScopeSpans()))]
+    payloads = [kept(span, origin_of(ResourceSpans(), ScopeSpans()))]
     trajectory = Trajectory(key="01" * 16, trace_ids=["01" * 16], steps=[])
     big = "y" * 100_000
     verdict = Verdict(policy="p", invariant="short", verdict="fail", severity="high", message=f"got {big}",

@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otel_plumb.model import Trajectory, Verdict
 from otel_plumb.receive.otlp import to_key_values
@@ -28,22 +29,23 @@ from otel_plumb.receive.otlp import to_key_values
 VIOLATION_EVENT = "plumb.violation"
 
 
+# A resource or instrumentation scope as exported: serialised, with its schema URL.
+Wire = tuple[bytes, str]
+
+
+def wire(message: Resource | InstrumentationScope, schema_url: str) -> Wire:
+    return message.SerializeToString(), schema_url
+
+
 class Origin:
-    """Where a span came from: its resource and instrumentation scope (serialised) and their
-    schema URLs. Spans of equal origins are exported under one ResourceSpans and ScopeSpans."""
+    """Where a span came from: its resource and instrumentation scope. Spans of equal origins
+    are exported under one ResourceSpans and ScopeSpans."""
 
-    __slots__ = ("resource", "resource_schema_url", "scope", "scope_schema_url")
+    __slots__ = ("resource", "scope")
 
-    def __init__(self, resource: bytes, resource_schema_url: str, scope: bytes, scope_schema_url: str) -> None:
+    def __init__(self, resource: Wire, scope: Wire) -> None:
         self.resource = resource
-        self.resource_schema_url = resource_schema_url
         self.scope = scope
-        self.scope_schema_url = scope_schema_url
-
-    @classmethod
-    def of(cls, resource_spans: ResourceSpans, scope_spans: ScopeSpans) -> Origin:
-        return cls(resource_spans.resource.SerializeToString(), resource_spans.schema_url,
-                   scope_spans.scope.SerializeToString(), scope_spans.schema_url)  # fmt: skip
 
 
 class Forwarded:
@@ -210,8 +212,8 @@ def encode_requests(
 # that requests stay under max_bytes without serialising them twice).
 _GROUP_OVERHEAD = 64
 
-# Spans grouped for one request: per resource (bytes, schema URL), per scope (bytes, schema URL).
-_Groups = dict[tuple[bytes, str], dict[tuple[bytes, str], list[bytes]]]
+# Spans grouped for one request, per resource and per scope.
+_Groups = dict[Wire, dict[Wire, list[bytes]]]
 
 
 def _encode_spans(
@@ -221,20 +223,19 @@ def _encode_spans(
     groups: _Groups = {}
     count = size = 0
     for body, origin in spans:
-        resource = (origin.resource, origin.resource_schema_url)
-        scope = (origin.scope, origin.scope_schema_url)
+        resource, scope = origin.resource, origin.scope
         extra = len(body) + 6
         group = groups.get(resource)
         if max_bytes is not None:
             if group is None:
-                extra += len(origin.resource) + _GROUP_OVERHEAD
+                extra += len(resource[0]) + _GROUP_OVERHEAD
             if group is None or scope not in group:
-                extra += len(origin.scope) + _GROUP_OVERHEAD
+                extra += len(scope[0]) + _GROUP_OVERHEAD
         if count and (count >= max_spans or (max_bytes is not None and size + extra > max_bytes)):
             out.append((_encode_request(groups), count))
             groups, count, size, group = {}, 0, 0, None
             if max_bytes is not None:  # the wrappers go into the new request as well
-                extra = len(body) + 6 + len(origin.resource) + len(origin.scope) + 2 * _GROUP_OVERHEAD
+                extra = len(body) + 6 + len(resource[0]) + len(scope[0]) + 2 * _GROUP_OVERHEAD
         size += extra
         if group is None:
             group = groups[resource] = {}
@@ -251,8 +252,9 @@ def split_request(body: bytes, max_spans: int, max_bytes: int | None = None) -> 
     request = ExportTraceServiceRequest.FromString(body)
     spans = []
     for rs in request.resource_spans:
+        resource = wire(rs.resource, rs.schema_url)
         for ss in rs.scope_spans:
-            origin = Origin.of(rs, ss)
+            origin = Origin(resource, wire(ss.scope, ss.schema_url))
             spans += [(span.SerializeToString(), origin) for span in ss.spans]
     return _encode_spans(spans, max_spans, max_bytes)
 

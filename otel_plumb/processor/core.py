@@ -42,6 +42,7 @@ from otel_plumb.export.annotate import (
     redact_forwarded,
     redact_span,
     verdict_span_request,
+    wire,
 )
 from otel_plumb.export.metrics import Metrics, metrics_app
 from otel_plumb.export.otlp import OtlpExporter, StorageError
@@ -518,8 +519,9 @@ class Processor:
             if decoded is None:
                 resource = attributes(rs.resource.attributes)
                 _set_tenant(resource, tenant)
+            resource_wire = wire(rs.resource, rs.schema_url)
             for ss in rs.scope_spans:
-                origin = Origin.of(rs, ss)
+                origin = Origin(resource_wire, wire(ss.scope, ss.schema_url))
                 scope_name = ss.scope.name
                 for span in ss.spans:
                     index += 1
