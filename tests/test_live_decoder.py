@@ -18,8 +18,8 @@ from otel_plumb.demo.run import policy_path
 from otel_plumb.model import Decided
 from otel_plumb.processor import Processor
 from otel_plumb.processor import core as processor_core
-from otel_plumb.receive import auth
-from otel_plumb.receive.otlp import native_decode_request
+from otel_plumb.receive import auth, otlp
+from otel_plumb.receive.otlp import native_decode_spans
 from otel_plumb.receive.otlp_json import parse_request
 from otel_plumb.report.records import decided_record
 
@@ -29,16 +29,18 @@ REQUESTS = [
     *sorted((FIXTURES / "ap").glob("*.jsonl")),
 ]
 
-pytestmark = pytest.mark.skipif(native_decode_request is None, reason="the compiled decoder is not built")
+pytestmark = pytest.mark.skipif(native_decode_spans is None, reason="the compiled decoder is not built")
 
 
 def _requests(path: Path) -> list[bytes]:
     return [parse_request(json.loads(line)).SerializeToString() for line in path.read_text().splitlines() if line]
 
 
-async def _decide(tmp_path: Path, bodies: list[bytes], tenant: str | None) -> list[dict[str, Any]]:
+async def _decide(
+    tmp_path: Path, bodies: list[bytes], tenant: str | None, policy: Path | None = None
+) -> list[dict[str, Any]]:
     tmp_path.mkdir()
-    processor = Processor(config(tmp_path), load_policies([policy_path()]))
+    processor = Processor(config(tmp_path), load_policies([policy or policy_path()]))
     decided: list[Decided] = []
     processor.on_decided(decided.append)
     await processor.start()
@@ -64,7 +66,34 @@ async def test_the_compiled_decoder_and_the_protobuf_runtime_decide_alike(
     for tenant in (None, "acme"):
         native = await _decide(tmp_path / f"native-{tenant}", bodies, tenant)
         with monkeypatch.context() as m:
-            m.setattr(processor_core, "native_decode_request", None)
+            m.setattr(processor_core, "native_decode_spans", None)
             pure = await _decide(tmp_path / f"pure-{tenant}", bodies, tenant)
         assert native == pure
         assert [r["tenant"] for r in native] == [tenant] * len(native)
+
+
+async def test_a_span_the_runtime_parses_but_cannot_read_is_forwarded_and_its_trajectory_indeterminate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the compiled decoder, a span whose values cannot be read into a record (the
+    runtime parsed it) leaves its trajectory incomplete: indeterminate, never conformant or
+    violating on the spans that were read."""
+    bodies = _requests(FIXTURES / "ap" / "double_payment.jsonl")
+    read = otlp.span_record
+
+    def failing(span: Any, resource: Any, scope_name: str) -> Any:
+        if span.name == "execute_tool schedule_payment":
+            raise ValueError("a value this reader cannot take")
+        return read(span, resource, scope_name)
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("policy: pay-once\ninvariants:\n  - {id: pay-once, call_count: {tool: schedule_payment, max: 1}}\n")
+    monkeypatch.setattr(processor_core, "native_decode_spans", None)
+    monkeypatch.setattr(otlp, "span_record", failing)
+    records = await _decide(tmp_path / "unread", bodies, None, policy)
+    assert records
+    for r in records:
+        assert not r["complete"] and r["incomplete_reason"] == "unreadable_input", r
+        assert r["status"] == "indeterminate"
+        assert [v["verdict"] for v in r["verdicts"]] == ["indeterminate"]
+        assert any("could not be decoded: a value this reader cannot take" in p for p in r["problems"])

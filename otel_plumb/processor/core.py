@@ -25,7 +25,6 @@ from typing import Any, cast
 import grpc
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otel_plumb import tls
 from otel_plumb.assemble import AddOutcome, AssemblyLimits, Finished, build_trajectory
@@ -37,12 +36,12 @@ from otel_plumb.console import console_app
 from otel_plumb.export.annotate import (
     Forwarded,
     Origin,
+    Wire,
     annotate,
     encode_requests,
     redact_forwarded,
     redact_span,
     verdict_span_request,
-    wire,
 )
 from otel_plumb.export.metrics import Metrics, metrics_app
 from otel_plumb.export.otlp import OtlpExporter, StorageError
@@ -64,7 +63,7 @@ from otel_plumb.processor.consumers import (
 )
 from otel_plumb.ratelimit import RateLimitedLog
 from otel_plumb.receive import auth, connections, grpc_server, http_server
-from otel_plumb.receive.otlp import attributes, native_decode_request, span_record
+from otel_plumb.receive.otlp import OriginWire, RequestSpans, UnreadSpan, native_decode_spans, request_spans
 from otel_plumb.receive.sink import IngestResult, Throttled
 from otel_plumb.redact import Scrub
 from otel_plumb.store import StoreWriter
@@ -512,79 +511,55 @@ class Processor:
         source = Source(f"request on {receiver}")
         counted = self.metrics.spans_dropped
         tenant = auth.TENANT.get()
-        decoded = _decoded(raw, _span_count(request), tenant)
-        index = -1
-        for rs in request.resource_spans:
-            resource: dict[str, Any] = {}
-            if decoded is None:
-                resource = attributes(rs.resource.attributes)
-                _set_tenant(resource, tenant)
-            resource_wire = wire(rs.resource, rs.schema_url)
-            for ss in rs.scope_spans:
-                origin = Origin(resource_wire, wire(ss.scope, ss.schema_url))
-                scope_name = ss.scope.name
-                for span in ss.spans:
-                    index += 1
-                    if len(span.trace_id) != 16 or len(span.span_id) != 8:
-                        rejected += 1
-                        # What else of its trace the rejected span held is unknown: the
-                        # trajectories it may belong to are incomplete.
-                        valid_trace = len(span.trace_id) == 16
-                        intake.unreadable(
-                            source, "a span without a valid trace_id/span_id was rejected",
-                            span.trace_id.hex() if valid_trace else None,
-                        )  # fmt: skip
-                        continue
-                    if skip_traces and span.trace_id in skip_traces:
-                        continue
-                    try:
-                        if decoded is None:
-                            record = span_record(span, resource, scope_name)
-                        else:
-                            record = decoded[index]
-                            if record.span_id != span.span_id.hex():  # never a record of another span
-                                raise ValueError(f"the compiled decoder read span {record.span_id} here")
-                    except Exception as exc:  # a span nobody can decode is still forwarded, never lost
-                        span_id = span.span_id.hex()
-                        log.warning("cannot decode span %s; forwarding it unchecked: %s", span_id, exc)
-                        intake.unreadable(source, f"span {span_id} could not be decoded: {exc}", span.trace_id.hex())
-                        outcome, normalised = AddOutcome.UNREADABLE, None
-                        payload = Forwarded(b"", origin, span.trace_id, span_id, span.start_time_unix_nano,
-                                            span.end_time_unix_nano, journal_id)  # fmt: skip
-                    else:
-                        # The ids and times are the record's own objects: shared, not copied.
-                        payload = Forwarded(b"", origin, span.trace_id, record.span_id, record.start_ns, record.end_ns,
-                                            journal_id)  # fmt: skip
-                        outcome, normalised = intake.add(record, payload, now, source, _held_bytes(span))
-                    if annotating and outcome not in _RESENT:
-                        # Kept as bytes, so the parsed request is let go once it is read.
-                        payload.body = span.SerializeToString()
-                    if outcome is AddOutcome.ACCEPTED:
-                        taken += 1
-                        assert normalised is not None
-                        tid = normalised.trace_id
-                        self._last_arrival[tid] = now
-                        if normalised.parent_span_id is None:
-                            self._rooted.add(tid)
-                        if early_checks:
-                            touched[tid] = touched.get(tid, False) or normalised.kind != "other"
-                            state = self._early_state.get(tid)
-                            if state is None:
-                                state = self._early_state[tid] = self._early_watch.state()
-                            state.add(normalised)
-                    elif outcome is AddOutcome.DUPLICATE or outcome is AddOutcome.CONFLICTING_DUPLICATE:
-                        # Not lost: the first copy went on. Neither a second step nor sent twice.
-                        resent += 1
-                        counted.labels(outcome.value).inc()
-                    else:
-                        taken += 1
-                        self.metrics.spans_unchecked.labels(outcome.value).inc()
-                        (late if outcome is AddOutcome.LATE else unchecked).append(payload)
-                        if (
-                            early_checks and outcome is AddOutcome.LATE and normalised is not None
-                            and normalised.kind != "other" and intake.tombstone(normalised.trace_id) is not None
-                        ):  # fmt: skip
-                            tombstoned.add(normalised.trace_id)
+        records, wires, origin_wires = _request_spans(request, raw, tenant)
+        origins = _origins(origin_wires)
+        for record, (body, trace_id, origin_index) in zip(records, wires, strict=True):
+            span_id = record.span_id
+            if len(trace_id) != 16 or len(span_id) != 16:
+                rejected += 1
+                # What else of its trace the rejected span held is unknown: the
+                # trajectories it may belong to are incomplete.
+                trace = trace_id.hex() if len(trace_id) == 16 else None
+                intake.unreadable(source, "a span without a valid trace_id/span_id was rejected", trace)
+                continue
+            if skip_traces and trace_id in skip_traces:
+                continue
+            # The ids and times are the record's own objects: shared, not copied. Kept as bytes,
+            # so nothing of the parsed request outlives it.
+            payload = Forwarded(body if annotating else b"", origins[origin_index], trace_id, span_id,
+                                record.start_ns, record.end_ns, journal_id)  # fmt: skip
+            if isinstance(record, UnreadSpan):  # a span nobody can decode is still forwarded, never lost
+                log.warning("cannot decode span %s; forwarding it unchecked: %s", span_id, record.reason)
+                intake.unreadable(source, f"span {span_id} could not be decoded: {record.reason}", trace_id.hex())
+                outcome, normalised = AddOutcome.UNREADABLE, None
+            else:
+                outcome, normalised = intake.add(record, payload, now, source, 3 * len(body) + 1024)
+            if outcome is AddOutcome.ACCEPTED:
+                taken += 1
+                assert normalised is not None
+                tid = normalised.trace_id
+                self._last_arrival[tid] = now
+                if normalised.parent_span_id is None:
+                    self._rooted.add(tid)
+                if early_checks:
+                    touched[tid] = touched.get(tid, False) or normalised.kind != "other"
+                    state = self._early_state.get(tid)
+                    if state is None:
+                        state = self._early_state[tid] = self._early_watch.state()
+                    state.add(normalised)
+            elif outcome is AddOutcome.DUPLICATE or outcome is AddOutcome.CONFLICTING_DUPLICATE:
+                # Not lost: the first copy went on. Neither a second step nor sent twice.
+                resent += 1
+                counted.labels(outcome.value).inc()
+            else:
+                taken += 1
+                self.metrics.spans_unchecked.labels(outcome.value).inc()
+                (late if outcome is AddOutcome.LATE else unchecked).append(payload)
+                if (
+                    early_checks and outcome is AddOutcome.LATE and normalised is not None
+                    and normalised.kind != "other" and intake.tombstone(normalised.trace_id) is not None
+                ):  # fmt: skip
+                    tombstoned.add(normalised.trace_id)
         if journal_id and taken:  # counted per request, not per span
             self._journal_pending[journal_id] = self._journal_pending.get(journal_id, 0) + taken
         if taken or resent:
@@ -921,23 +896,37 @@ class _ExportConsumer:
 _RESENT = (AddOutcome.DUPLICATE, AddOutcome.CONFLICTING_DUPLICATE)
 
 
-def _decoded(raw: bytes | None, spans: int, tenant: str | None) -> list[SpanRecord] | None:
-    """The records of a request's ``spans`` spans, in their order, from the compiled decoder (a
-    fraction of the time reading each span's attributes here takes); None without the request's
-    bytes or the decoder, or when it refuses them or counts other spans (each span is then read
-    from the parsed request)."""
-    if raw is None or native_decode_request is None:
-        return None
-    try:
-        records = native_decode_request(raw)
-    except Exception:
-        return None
-    if len(records) != spans:
-        return None
+def _request_spans(request: ExportTraceServiceRequest, raw: bytes | None, tenant: str | None) -> RequestSpans:
+    """The records of a request's spans, in their order, each with its span as sent. From the
+    compiled decoder when the request came as protobuf (a fraction of the time reading each span
+    here takes, and the spans are sliced out of the request's bytes, never re-serialised); from
+    the parsed request without the bytes or the decoder, or when the decoder refuses them or
+    counts other spans."""
+    spans: RequestSpans | None = None
+    if raw is not None and native_decode_spans is not None:
+        try:
+            spans = native_decode_spans(raw)
+        except Exception:
+            spans = None
+        if spans is not None and len(spans[0]) != _span_count(request):
+            spans = None
+    if spans is None:
+        spans = request_spans(request)
     if tenant is not None:
+        records = [r for r in spans[0] if type(r) is SpanRecord]
         for resource in {id(r.resource): r.resource for r in records}.values():  # one per ResourceSpans
             _set_tenant(cast("dict[str, Any]", resource), tenant)
-    return records
+    return spans
+
+
+def _origins(wires: list[OriginWire]) -> list[Origin]:
+    """The request's origins, equal resources and scopes shared (export groups spans by them)."""
+    seen: dict[Wire, Wire] = {}
+    return [
+        Origin(seen.setdefault((resource, resource_url), (resource, resource_url)),
+               seen.setdefault((scope, scope_url), (scope, scope_url)))
+        for resource, resource_url, scope, scope_url in wires
+    ]  # fmt: skip
 
 
 def _set_tenant(resource: dict[str, Any], tenant: str | None) -> None:
@@ -947,13 +936,6 @@ def _set_tenant(resource: dict[str, Any], tenant: str | None) -> None:
         resource.pop(auth.TENANT_ATTRIBUTE, None)
         if tenant:
             resource[auth.TENANT_ATTRIBUTE] = tenant
-
-
-def _held_bytes(span: Span) -> int:
-    """What a buffered span holds, estimated: the received span (kept to be forwarded), its
-    decoded values (about as much again) and the allocator's share (measured: an 8 MiB span
-    held about 23 MiB of RSS), plus the objects around a small span."""
-    return 3 * span.ByteSize() + 1024
 
 
 def _redacted_request(request: ExportTraceServiceRequest, scrub: Scrub) -> ExportTraceServiceRequest:

@@ -30,6 +30,11 @@ typedef struct {
     int depth; /* levels left */
     int err;
     ptr end;   /* of the whole buffer */
+    /* decode_spans only (NULL for decode_request): each span's bytes, trace id and origin index,
+     * and each ScopeSpans' origin (resource and scope bytes with their schema URLs). */
+    PyObject *wires;
+    PyObject *origins;
+    Py_ssize_t origin; /* the index of the ScopeSpans being read */
 } Dec;
 
 /* --- state set up at import ------------------------------------------------------------- */
@@ -38,6 +43,7 @@ static PyObject *DecodeError;
 static PyTypeObject *SpanRecordType;
 static PyObject *SpanEventType;
 static PyObject *empty_str;
+static PyObject *empty_bytes;
 
 /* SpanRecord's slots, in the order the fields are written below. */
 static const char *const RECORD_SLOTS[] = {
@@ -224,6 +230,40 @@ static int read_string(Dec *d, ptr *pp, ptr end, PyObject **slot) {
     }
     Py_XSETREF(*slot, s);
     return 0;
+}
+
+/* The bytes of a length-delimited field, appended to *slot: a singular message sent twice is
+ * merged, which is what the concatenation of its occurrences reads as. */
+static int append_bytes(Dec *d, PyObject **slot, ptr a, ptr b) {
+    Py_ssize_t had = *slot ? PyBytes_GET_SIZE(*slot) : 0;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, had + (b - a));
+    if (out == NULL) return fail(d, E_PYTHON);
+    if (had) memcpy(PyBytes_AS_STRING(out), PyBytes_AS_STRING(*slot), had);
+    memcpy(PyBytes_AS_STRING(out) + had, a, b - a);
+    Py_XSETREF(*slot, out);
+    return 0;
+}
+
+/* (span bytes, trace id bytes, origin index) of the span just recorded. */
+static int append_wire(Dec *d, ptr span, ptr span_end, ptr trace_id, ptr trace_end) {
+    PyObject *w = PyTuple_New(3);
+    if (w == NULL) return fail(d, E_PYTHON);
+    PyObject *body = PyBytes_FromStringAndSize((const char *)span, span_end - span);
+    PyObject *tid = PyBytes_FromStringAndSize((const char *)trace_id, trace_end - trace_id);
+    PyObject *origin = PyLong_FromSsize_t(d->origin);
+    if (body == NULL || tid == NULL || origin == NULL) {
+        Py_XDECREF(body);
+        Py_XDECREF(tid);
+        Py_XDECREF(origin);
+        Py_DECREF(w);
+        return fail(d, E_PYTHON);
+    }
+    PyTuple_SET_ITEM(w, 0, body);
+    PyTuple_SET_ITEM(w, 1, tid);
+    PyTuple_SET_ITEM(w, 2, origin);
+    int rc = PyList_Append(d->wires, w);
+    Py_DECREF(w);
+    return rc < 0 ? fail(d, E_PYTHON) : 0;
 }
 
 /* Attribute keys repeat from span to span: the str of a short ASCII key is kept (with its
@@ -608,6 +648,7 @@ static int parse_status(Dec *d, ptr p, ptr end, int32_t *code, PyObject **messag
 /* One Span -> a SpanRecord appended to out (resource and scope_name are filled in by the caller). */
 static int parse_span(Dec *d, ptr p, ptr end, PyObject *out) {
     if (enter(d) < 0) return -1;
+    ptr span_start = p;
     ptr trace_id = p, trace_end = p, span_id = p, span_end = p, parent = p, parent_end = p;
     PyObject *name = NULL, *attrs = NULL, *events = NULL, *status_message = NULL;
     int32_t kind = 0, status_code = 0;
@@ -708,6 +749,7 @@ static int parse_span(Dec *d, ptr p, ptr end, PyObject *out) {
             }
         }
     }
+    if (d->wires && append_wire(d, span_start, end, trace_id, trace_end) < 0) goto done;
     rc = 0;
 done:
     Py_XDECREF(name);
@@ -748,7 +790,8 @@ static int parse_scope(Dec *d, ptr p, ptr end, PyObject **name) {
 static int parse_scope_spans(Dec *d, ptr p, ptr end, PyObject *out) {
     if (enter(d) < 0) return -1;
     Py_ssize_t first = PyList_GET_SIZE(out);
-    PyObject *scope_name = NULL;
+    PyObject *scope_name = NULL, *scope = NULL, *schema_url = NULL;
+    if (d->origins) d->origin = PyList_GET_SIZE(d->origins);
     int rc = -1;
     while (p < end) {
         uint32_t field;
@@ -758,20 +801,35 @@ static int parse_scope_spans(Dec *d, ptr p, ptr end, PyObject *out) {
         if (field == 1 && wt == 2) {
             if (read_len(d, &p, end, &a, &b) < 0) goto done;
             if (parse_scope(d, a, b, &scope_name) < 0) goto done;
+            if (d->origins && append_bytes(d, &scope, a, b) < 0) goto done;
         } else if (field == 2 && wt == 2) {
             if (read_len(d, &p, end, &a, &b) < 0) goto done;
             if (parse_span(d, a, b, out) < 0) goto done;
         } else if (field == 3 && wt == 2) {
-            if (read_string_checked(d, &p, d->end) < 0) goto done;
+            if ((d->origins ? read_string(d, &p, d->end, &schema_url) : read_string_checked(d, &p, d->end)) < 0)
+                goto done;
         } else if (skip_field(d, &p, d->end, field, wt) < 0) {
             goto done;
         }
     }
     if (leave(d, p, end) < 0) goto done;
     fill_slot(out, first, S_SCOPE_NAME, scope_name ? scope_name : empty_str);
+    if (d->origins) {
+        /* The resource is filled in once its ResourceSpans is read (it may come last). */
+        PyObject *origin = Py_BuildValue("(OOOO)", Py_None, Py_None, scope ? scope : empty_bytes,
+                                         schema_url ? schema_url : empty_str);
+        if (origin == NULL || PyList_Append(d->origins, origin) < 0) {
+            Py_XDECREF(origin);
+            fail(d, E_PYTHON);
+            goto done;
+        }
+        Py_DECREF(origin);
+    }
     rc = 0;
 done:
     Py_XDECREF(scope_name);
+    Py_XDECREF(scope);
+    Py_XDECREF(schema_url);
     return rc;
 }
 
@@ -795,9 +853,11 @@ static int parse_resource(Dec *d, ptr p, ptr end, PyObject *attrs) {
 static int parse_resource_spans(Dec *d, ptr p, ptr end, PyObject *out) {
     if (enter(d) < 0) return -1;
     Py_ssize_t first = PyList_GET_SIZE(out);
+    Py_ssize_t first_origin = d->origins ? PyList_GET_SIZE(d->origins) : 0;
     /* One dict per ResourceSpans, shared by its spans. */
     PyObject *resource = PyDict_New();
     if (resource == NULL) return fail(d, E_PYTHON);
+    PyObject *resource_bytes = NULL, *schema_url = NULL;
     int rc = -1;
     while (p < end) {
         uint32_t field;
@@ -807,20 +867,39 @@ static int parse_resource_spans(Dec *d, ptr p, ptr end, PyObject *out) {
         if (field == 1 && wt == 2) {
             if (read_len(d, &p, end, &a, &b) < 0) goto done;
             if (parse_resource(d, a, b, resource) < 0) goto done;
+            if (d->origins && append_bytes(d, &resource_bytes, a, b) < 0) goto done;
         } else if (field == 2 && wt == 2) {
             if (read_len(d, &p, end, &a, &b) < 0) goto done;
             if (parse_scope_spans(d, a, b, out) < 0) goto done;
         } else if (field == 3 && wt == 2) {
-            if (read_string_checked(d, &p, d->end) < 0) goto done;
+            if ((d->origins ? read_string(d, &p, d->end, &schema_url) : read_string_checked(d, &p, d->end)) < 0)
+                goto done;
         } else if (skip_field(d, &p, d->end, field, wt) < 0) {
             goto done;
         }
     }
     if (leave(d, p, end) < 0) goto done;
     fill_slot(out, first, S_RESOURCE, resource);
+    if (d->origins) {
+        Py_ssize_t n = PyList_GET_SIZE(d->origins);
+        for (Py_ssize_t i = first_origin; i < n; i++) {
+            PyObject *pending = PyList_GET_ITEM(d->origins, i);
+            PyObject *origin = Py_BuildValue("(OOOO)", resource_bytes ? resource_bytes : empty_bytes,
+                                             schema_url ? schema_url : empty_str, PyTuple_GET_ITEM(pending, 2),
+                                             PyTuple_GET_ITEM(pending, 3));
+            if (origin == NULL) {
+                fail(d, E_PYTHON);
+                goto done;
+            }
+            PyList_SET_ITEM(d->origins, i, origin); /* steals origin */
+            Py_DECREF(pending);
+        }
+    }
     rc = 0;
 done:
     Py_DECREF(resource);
+    Py_XDECREF(resource_bytes);
+    Py_XDECREF(schema_url);
     return rc;
 }
 
@@ -831,7 +910,8 @@ static const char *const MESSAGES_TEXT[] = {
     "String field had bad UTF-8",
 };
 
-static PyObject *decode_request(PyObject *module, PyObject *arg) {
+/* The records of a request and, when wires and origins are lists, the spans as sent. */
+static PyObject *decode(PyObject *arg, PyObject *wires, PyObject *origins) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     PyObject *out = PyList_New(0);
@@ -840,7 +920,7 @@ static PyObject *decode_request(PyObject *module, PyObject *arg) {
         return NULL;
     }
     ptr p = (ptr)view.buf, end = p + view.len;
-    Dec d = {DEPTH_LIMIT, OK, end};
+    Dec d = {DEPTH_LIMIT, OK, end, wires, origins, 0};
     while (p < end) {
         uint32_t field;
         int wt;
@@ -861,6 +941,20 @@ static PyObject *decode_request(PyObject *module, PyObject *arg) {
                  "Error parsing message with type 'opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest': %s",
                  MESSAGES_TEXT[d.err]);
     return NULL;
+}
+
+static PyObject *decode_request(PyObject *module, PyObject *arg) {
+    return decode(arg, NULL, NULL);
+}
+
+static PyObject *decode_spans(PyObject *module, PyObject *arg) {
+    PyObject *wires = PyList_New(0), *origins = PyList_New(0), *records = NULL, *result = NULL;
+    if (wires != NULL && origins != NULL) records = decode(arg, wires, origins);
+    if (records != NULL) result = PyTuple_Pack(3, records, wires, origins);
+    Py_XDECREF(records);
+    Py_XDECREF(wires);
+    Py_XDECREF(origins);
+    return result;
 }
 
 /* --- module ------------------------------------------------------------------------------- */
@@ -902,6 +996,10 @@ static PyMethodDef methods[] = {
     {"decode_request", decode_request, METH_O,
      "decode_request(data) -> list[SpanRecord]: the spans of a serialized ExportTraceServiceRequest.\n"
      "Raises google.protobuf.message.DecodeError on malformed bytes."},
+    {"decode_spans", decode_spans, METH_O,
+     "decode_spans(data) -> (records, spans, origins): decode_request's records, with each span as sent\n"
+     "(its bytes, its trace id's bytes, the index of its origin) and each ScopeSpans' origin (resource\n"
+     "bytes, resource schema URL, scope bytes, scope schema URL). The same errors as decode_request."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -924,6 +1022,7 @@ PyMODINIT_FUNC PyInit__otlp_native(void) {
     Py_DECREF(message);
     if (DecodeError == NULL) return NULL;
     empty_str = PyUnicode_New(0, 0);
-    if (empty_str == NULL) return NULL;
+    empty_bytes = PyBytes_FromStringAndSize(NULL, 0);
+    if (empty_str == NULL || empty_bytes == NULL) return NULL;
     return PyModule_Create(&module_def);
 }

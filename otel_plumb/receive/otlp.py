@@ -4,6 +4,10 @@
 (``_otlp_native.c``) when it was built and imports, else with the protobuf runtime and the
 functions below; both give the same records and reject the same bytes with the same
 ``DecodeError``. ``OTEL_PLUMB_PURE_PYTHON=1`` forces the latter; ``DECODER`` names the one in use.
+
+``decode_spans`` (the live processor's) gives each record with its span as sent (``SpanWire``)
+and where it came from (``OriginWire``), so the span is forwarded without a parsed message: the
+compiled decoder slices them out of the request's bytes, the protobuf runtime serialises them.
 """
 
 from __future__ import annotations
@@ -93,19 +97,67 @@ def pure_decode_request(data: bytes) -> list[SpanRecord]:
     return list(request_records(ExportTraceServiceRequest.FromString(data)))
 
 
-def _native_decoder() -> tuple[Callable[[bytes], list[SpanRecord]] | None, str]:
-    """The compiled decoder, or None and why not."""
+# A span as sent: its bytes, its trace id's bytes, and the index of its origin in the request.
+SpanWire = tuple[bytes, bytes, int]
+# Where spans came from, as sent: resource bytes and schema URL, scope bytes and schema URL.
+OriginWire = tuple[bytes, str, bytes, str]
+
+
+class UnreadSpan:
+    """A span the protobuf runtime parsed whose values could not be read into a record: what
+    forwarding it needs, and why."""
+
+    __slots__ = ("end_ns", "reason", "span_id", "start_ns")
+
+    def __init__(self, span: Span, reason: str) -> None:
+        self.span_id = span.span_id.hex()
+        self.start_ns = span.start_time_unix_nano
+        self.end_ns = span.end_time_unix_nano
+        self.reason = reason
+
+
+RequestSpans = tuple[list[SpanRecord | UnreadSpan], list[SpanWire], list[OriginWire]]
+
+
+def request_spans(request: ExportTraceServiceRequest) -> RequestSpans:
+    """``decode_spans`` of a parsed request."""
+    records: list[SpanRecord | UnreadSpan] = []
+    wires: list[SpanWire] = []
+    origins: list[OriginWire] = []
+    for rs in request.resource_spans:
+        resource = attributes(rs.resource.attributes)
+        resource_bytes = rs.resource.SerializeToString()
+        for ss in rs.scope_spans:
+            scope_name, index = ss.scope.name, len(origins)
+            origins.append((resource_bytes, rs.schema_url, ss.scope.SerializeToString(), ss.schema_url))
+            for span in ss.spans:
+                try:
+                    records.append(span_record(span, resource, scope_name))
+                except Exception as exc:  # kept to be forwarded: nothing received is lost
+                    records.append(UnreadSpan(span, str(exc)))
+                wires.append((span.SerializeToString(), span.trace_id, index))
+    return records, wires, origins
+
+
+def pure_decode_spans(data: bytes) -> RequestSpans:
+    return request_spans(ExportTraceServiceRequest.FromString(data))
+
+
+def _native_decoder() -> tuple[Any, str]:
+    """The compiled decoder's module, or None and why not."""
     if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
         return None, f"{PURE_PYTHON_ENV} is set"
     try:
         from otel_plumb.receive import _otlp_native  # type: ignore[attr-defined]
     except ImportError as exc:
         return None, f"no compiled decoder: {exc}"
-    return _otlp_native.decode_request, f"compiled: {os.path.basename(_otlp_native.__file__)}"
+    return _otlp_native, f"compiled: {os.path.basename(_otlp_native.__file__)}"
 
 
-native_decode_request, DECODER_DETAIL = _native_decoder()
-DECODER = "native" if native_decode_request else "pure-python"
+_native, DECODER_DETAIL = _native_decoder()
+DECODER = "native" if _native else "pure-python"
+native_decode_request: Callable[[bytes], list[SpanRecord]] | None = _native.decode_request if _native else None
+native_decode_spans: Callable[[bytes], RequestSpans] | None = _native.decode_spans if _native else None
 decode_request: Callable[[bytes], list[SpanRecord]] = native_decode_request or pure_decode_request
 
 
