@@ -288,19 +288,24 @@ def _field(tag: bytes, body: bytes) -> bytes:
 
 
 def _encode_request(groups: _Groups) -> bytes:
-    parts: list[bytes] = []
+    """The request as a list of pieces (tags, lengths, the kept bytes) joined once at the end:
+    each span is copied once, however deep it sits (a message's length is the sum of its pieces)."""
+    out: list[bytes] = []
     for (resource, resource_schema_url), scopes in groups.items():
-        body = [_field(_TAG_1, resource)]
+        rs = [_TAG_1, _varint(len(resource)), resource]
         for (scope, scope_schema_url), spans in scopes.items():
-            scope_body = [_field(_TAG_1, scope)]
-            scope_body.extend(_TAG_2 + _varint(len(span)) + span for span in spans)
+            ss = [_TAG_1, _varint(len(scope)), scope]
+            for span in spans:
+                ss += (_TAG_2, _varint(len(span)), span)
             if scope_schema_url:
-                scope_body.append(_field(_TAG_3, scope_schema_url.encode()))
-            body.append(_field(_TAG_2, b"".join(scope_body)))
+                ss.append(_field(_TAG_3, scope_schema_url.encode()))
+            rs += (_TAG_2, _varint(sum(map(len, ss))))
+            rs += ss
         if resource_schema_url:
-            body.append(_field(_TAG_3, resource_schema_url.encode()))
-        parts.append(_field(_TAG_1, b"".join(body)))
-    return b"".join(parts)
+            rs.append(_field(_TAG_3, resource_schema_url.encode()))
+        out += (_TAG_1, _varint(sum(map(len, rs))))
+        out += rs
+    return b"".join(out)
 
 
 def verdict_span_request(
