@@ -95,8 +95,8 @@ def origin_of(rs: ResourceSpans, ss: ScopeSpans) -> Origin:
 
 def kept(span: Span, origin: Origin) -> Forwarded:
     """A span as the processor keeps it."""
-    return Forwarded(span.SerializeToString(), origin, span.trace_id, span.span_id.hex(), span.start_time_unix_nano,
-                     span.end_time_unix_nano, 0)  # fmt: skip
+    ids = span.trace_id.hex(), span.span_id.hex()
+    return Forwarded(span.SerializeToString(), origin, *ids, span.start_time_unix_nano, span.end_time_unix_nano, 0)
 
 
 @settings(max_examples=150, deadline=None)

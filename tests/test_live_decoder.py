@@ -87,7 +87,7 @@ async def test_a_span_the_runtime_parses_but_cannot_read_is_forwarded_and_its_tr
         return read(span, resource, scope_name)
 
     policy = tmp_path / "policy.yaml"
-    policy.write_text("policy: pay-once\ninvariants:\n  - {id: pay-once, call_count: {tool: schedule_payment, max: 1}}\n")
+    policy.write_text("policy: pay-once\ninvariants:\n  - {id: once, call_count: {tool: schedule_payment, max: 1}}\n")
     monkeypatch.setattr(processor_core, "native_decode_spans", None)
     monkeypatch.setattr(otlp, "span_record", failing)
     records = await _decide(tmp_path / "unread", bodies, None, policy)

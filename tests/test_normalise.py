@@ -35,7 +35,7 @@ def test_a_span_matching_no_convention_is_kept_as_other():
     n = normalise(span({"http.method": "GET"}, name="GET /health"))
     assert (n.kind, n.convention, n.name) == ("other", "unknown", "GET /health")
     assert n.attributes == {"http.method": "GET"}
-    assert n.args_status == "absent" and n.problems == []
+    assert n.args_status == "absent" and n.problems == ()
 
 
 def test_short_scalar_attributes_are_kept_long_payloads_are_not():
@@ -298,10 +298,10 @@ def test_redacted_fields_inside_captured_arguments_are_named():
     args = json.dumps({"invoice_id": "INV-1", "card": "<REDACTED>", "note": "***"})
     n = normalise(span({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.arguments": args}))
     assert n.args_status == "captured" and n.args["invoice_id"] == "INV-1"
-    assert n.problems == [
+    assert n.problems == (
         "gen_ai.tool.call.arguments: argument 'card' is a redaction placeholder",
         "gen_ai.tool.call.arguments: argument 'note' is a redaction placeholder",
-    ]
+    )
 
 
 def test_only_results_given_back_since_the_last_model_turn_are_kept():

@@ -82,7 +82,7 @@ def test_model_calls_that_ask_for_hidden_tools_are_marked(name):
     records = {s.span_id: s for s in spans_of(name)}
     normalised = [normalise(s) for s in records.values()]
     llm = [n for n in normalised if n.kind == "llm"]
-    assert llm and all(n.convention == convention and n.requested_calls == [] for n in llm)
+    assert llm and all(n.convention == convention and n.requested_calls == () for n in llm)
     # Exactly the calls whose finish reason asked for tools; the final answer did not.
     asked = [n.span_id for n in llm if "tool" in str(records[n.span_id].attributes[finish_key])]
     assert asked and len(asked) < len(llm)

@@ -339,6 +339,7 @@ class Assembler:
         if len(buf.spans) >= self.limits.max_spans_per_trace:
             buf.over_limit = True
             return AddOutcome.OVER_LIMIT, evicted
+        span.trace_id = buf.trace_id  # one string per trace, not one per buffered span
         buf.spans.append(span)
         buf.payloads.append(payload)
         buf.size += size

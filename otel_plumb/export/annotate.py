@@ -50,13 +50,13 @@ class Origin:
 
 class Forwarded:
     """A received span as the processor keeps it to forward it: its wire bytes (annotations
-    appended), where it came from, its ids (the span id in hex, as verdicts name it), its times,
-    and the id of the journaled request it arrived in (0: not journaled)."""
+    appended), where it came from, its ids (in hex, as verdicts name them), its times, and the id
+    of the journaled request it arrived in (0: not journaled)."""
 
     __slots__ = ("body", "end_ns", "journal_id", "origin", "span_id", "start_ns", "trace_id")
 
     def __init__(
-        self, body: bytes, origin: Origin, trace_id: bytes, span_id: str, start_ns: int, end_ns: int, journal_id: int
+        self, body: bytes, origin: Origin, trace_id: str, span_id: str, start_ns: int, end_ns: int, journal_id: int
     ) -> None:
         self.body = body
         self.origin = origin

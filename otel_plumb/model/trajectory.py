@@ -7,7 +7,9 @@ global index so a violation can be found in the trace.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal
 
 StepKind = Literal["tool", "llm", "agent", "other"]
@@ -32,6 +34,9 @@ UNREADABLE_INPUT = "unreadable_input"
 MISSING_PARENT = "missing_parent"
 TOOL_CALLS_NOT_CAPTURED = "tool_calls_not_captured"
 UNRECOGNISED_SPANS = "unrecognised_spans"
+# The tool results of a span that has none (shared, read-only).
+NO_TOOL_RESULTS: Mapping[str, Any] = MappingProxyType({})
+
 DATA_LOST = frozenset({UNREADABLE_SPAN, UNREADABLE_INPUT, MISSING_PARENT, TOOL_CALLS_NOT_CAPTURED, UNRECOGNISED_SPANS})
 
 
@@ -71,14 +76,16 @@ class NormalisedSpan:
     tool_call_id: str | None = None
     tokens: int | None = None
     session_id: str | None = None
-    requested_calls: list[RequestedCall] = field(default_factory=list)
+    # Immutable, and empty ones shared: a buffered span holds no containers of its own for
+    # what it does not carry (most spans have no requested calls, results or problems).
+    requested_calls: tuple[RequestedCall, ...] = ()
     # Tool results the model was given back in this span's input messages, by tool-call id.
-    tool_results: dict[str, Any] = field(default_factory=dict)
+    tool_results: Mapping[str, Any] = field(default_factory=lambda: NO_TOOL_RESULTS)
     # Short scalar attributes of the span (and its resource): task keys, plumb.* ground truth,
     # service.name. Long payloads are left out to keep buffers small.
     attributes: dict[str, Any] = field(default_factory=dict)
     # Values present but not understood, as "attribute: reason" lines for coverage.
-    problems: list[str] = field(default_factory=list)
+    problems: tuple[str, ...] = ()
     # A model call whose finish reason says it asked for tool calls, none of which were
     # captured (content capture off): the trace cannot say which tools were called.
     hidden_tool_calls: bool = False

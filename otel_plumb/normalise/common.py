@@ -232,7 +232,10 @@ _resource_cache: tuple[Mapping[str, Any] | None, dict[str, Any]] = (None, {})
 
 def short_attributes(span: SpanRecord, shape: Shape) -> dict[str, Any]:
     """Short scalars, the reserved ``plumb.*`` attributes whatever they hold, and for span
-    attributes only keys outside the conventions' own namespaces."""
+    attributes only keys outside the conventions' own namespaces.
+
+    A span that keeps none of its own gets its resource's dict, shared by the spans of that
+    resource (never written to after normalisation): most spans of a convention keep none."""
     global _resource_cache
     resource = span.resource
     cached_resource, kept = _resource_cache
@@ -240,9 +243,11 @@ def short_attributes(span: SpanRecord, shape: Shape) -> dict[str, Any]:
         kept = {}
         _keep_into(kept, resource, [(k, _rule(k, resource=True)) for k in resource])
         _resource_cache = (resource, kept)
-    out = dict(kept)
-    _keep_into(out, span.attributes, shape.kept)
-    return out
+    if not shape.kept:
+        return kept
+    own: dict[str, Any] = {}
+    _keep_into(own, span.attributes, shape.kept)
+    return {**kept, **own} if own else kept
 
 
 # How an attribute is kept, by key (see _rule).
@@ -272,6 +277,12 @@ def _keep_into(out: dict[str, Any], attrs: Mapping[str, Any], rules: Iterable[tu
         out[k] = v
 
 
+def add_tool_results(out: NormalisedSpan, results: Mapping[str, Any]) -> None:
+    """Tool results onto ``out``; a span given none keeps the shared empty mapping."""
+    if results:
+        out.tool_results = {**out.tool_results, **results}
+
+
 def set_args(out: NormalisedSpan, raw: Any, source: str) -> bool:
     """Decode raw arguments onto ``out``. True when something was present (captured or not)."""
     d = decode(raw)
@@ -289,7 +300,7 @@ def set_args(out: NormalisedSpan, raw: Any, source: str) -> bool:
         if type(d.value) is dict:
             _note_redacted_fields(out, d.value, source)
     elif d.status == "undecodable":
-        out.problems.append(f"{source}: {d.reason}")
+        out.problems += (f"{source}: {d.reason}",)
     return True
 
 
@@ -298,7 +309,7 @@ def _note_redacted_fields(out: NormalisedSpan, args: dict[str, Any], source: str
     problem line, so checks on them are known to look at a placeholder."""
     for key, value in args.items():
         if type(value) is str and len(value) <= _MAX_PLACEHOLDER_CHARS and is_placeholder(value):
-            out.problems.append(f"{source}: argument {key!r} is a redaction placeholder")
+            out.problems += (f"{source}: argument {key!r} is a redaction placeholder",)
 
 
 _MAX_PLACEHOLDER_CHARS = 32
@@ -312,7 +323,7 @@ def set_result(out: NormalisedSpan, raw: Any, source: str) -> bool:
     if d.status == "captured":
         out.result = unwrap_content(d.value)
     elif d.status == "undecodable":
-        out.problems.append(f"{source}: {d.reason}")
+        out.problems += (f"{source}: {d.reason}",)
     return True
 
 

@@ -117,7 +117,7 @@ def normalise(span: SpanRecord) -> NormalisedSpan:
     elif agentic_keys or (_AGENTIC_NAME.search(span.name) and not _infrastructure(span.attributes)):
         out.convention = "unrecognised"
         namespaces = sorted({k.split(".", 1)[0] for k in span.attributes}) or ["none"]
-        out.problems.append(f"unrecognised span {span.name!r}: attribute namespaces {', '.join(namespaces[:10])}")
+        out.problems += (f"unrecognised span {span.name!r}: attribute namespaces {', '.join(namespaces[:10])}",)
     finish(span, out, shape)
     scope = span.scope_name
     framework = _frameworks.get(scope, "")

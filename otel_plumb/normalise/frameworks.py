@@ -140,6 +140,4 @@ def read_autogen_runtime(span: SpanRecord, out: NormalisedSpan) -> None:
     for call in event.get("content") or ():
         if isinstance(call, dict) and isinstance(call.get("name"), str):
             args = decode(call.get("arguments"))
-            out.requested_calls.append(
-                RequestedCall(call["name"], args.value, args.status, as_str(call.get("id")))
-            )
+            out.requested_calls += (RequestedCall(call["name"], args.value, args.status, as_str(call.get("id"))),)

@@ -15,7 +15,14 @@ from typing import Any
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, StepKind
 from otel_plumb.normalise import messages
-from otel_plumb.normalise.common import as_str, first_str, name_after, set_first_args, set_first_result
+from otel_plumb.normalise.common import (
+    add_tool_results,
+    as_str,
+    first_str,
+    name_after,
+    set_first_args,
+    set_first_result,
+)
 from otel_plumb.normalise.values import decode
 
 OPERATION_KINDS: dict[str, StepKind] = {
@@ -105,18 +112,18 @@ def read_output(out: NormalisedSpan, raw: Any, source: str) -> None:
     """Requested tool calls from a model output payload (any shape ``messages`` knows)."""
     d = decode(raw)
     if d.status == "captured":
-        out.requested_calls.extend(messages.requested_calls(d.value))
+        out.requested_calls += tuple(messages.requested_calls(d.value))
     elif d.status == "undecodable":
-        out.problems.append(f"{source}: {d.reason}")
+        out.problems += (f"{source}: {d.reason}",)
 
 
 def read_input(out: NormalisedSpan, raw: Any, source: str) -> None:
     """Tool results given back to the model, from an input messages payload."""
     d = decode(raw)
     if d.status == "captured":
-        out.tool_results.update(messages.tool_results(d.value))
+        add_tool_results(out, messages.tool_results(d.value))
     elif d.status == "undecodable":
-        out.problems.append(f"{source}: {d.reason}")
+        out.problems += (f"{source}: {d.reason}",)
 
 
 def read_legacy_events(span: SpanRecord, out: NormalisedSpan) -> None:
@@ -126,7 +133,7 @@ def read_legacy_events(span: SpanRecord, out: NormalisedSpan) -> None:
     for e in span.events:
         if e.name == "gen_ai.choice":
             payload = {k: decode(v).value for k, v in e.attributes.items()}
-            out.requested_calls.extend(messages.requested_calls(payload))
+            out.requested_calls += tuple(messages.requested_calls(payload))
         elif e.name == "gen_ai.assistant.message":
             results.clear()
         elif e.name == "gen_ai.tool.message":
@@ -134,4 +141,4 @@ def read_legacy_events(span: SpanRecord, out: NormalisedSpan) -> None:
             if call_id is not None:
                 content = decode(e.attributes.get("content"))
                 results[call_id] = content.value if content.status == "captured" else None
-    out.tool_results.update(results)
+    add_tool_results(out, results)

@@ -19,7 +19,16 @@ from typing import Any
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, StepKind
 from otel_plumb.normalise import messages
-from otel_plumb.normalise.common import as_str, first_str, flat_calls, flat_results, flattened, set_args, set_first_args
+from otel_plumb.normalise.common import (
+    add_tool_results,
+    as_str,
+    first_str,
+    flat_calls,
+    flat_results,
+    flattened,
+    set_args,
+    set_first_args,
+)
 from otel_plumb.normalise.values import decode
 
 KINDS: dict[str, StepKind] = {"TOOL": "tool", "LLM": "llm", "AGENT": "agent"}
@@ -115,7 +124,7 @@ def _read_tool(span: SpanRecord, out: NormalisedSpan, a: Mapping[str, Any]) -> N
         _check_against_schema(out, parameter_names(schema))
     result = decode(a.get("output.value"))
     if result.status == "undecodable":
-        out.problems.append(f"output.value: {result.reason}")
+        out.problems += (f"output.value: {result.reason}",)
     out.result_status = result.status
     value = result.value
     # LangChain serialises the ToolMessage: the content is the result, and it names the call.
@@ -163,20 +172,21 @@ def _check_against_schema(out: NormalisedSpan, names: frozenset[str] | None) -> 
     else:
         what = f"{sorted(args)[:5]} are not the parameters"
     out.args, out.args_status = None, "undecodable"
-    out.problems.append(f"{out.args_source}: {what} of {out.name} ({sorted(names)[:5]})")
+    out.problems += (f"{out.args_source}: {what} of {out.name} ({sorted(names)[:5]})",)
 
 def _read_messages(out: NormalisedSpan, a: Mapping[str, Any]) -> None:
     outputs = flattened(a, "llm.output_messages.")
     if outputs:
-        out.requested_calls.extend(flat_calls(outputs, "message.tool_calls.", _CALL_FIELDS))
+        out.requested_calls += tuple(flat_calls(outputs, "message.tool_calls.", _CALL_FIELDS))
     elif "output.value" in a:
         payload = decode(a["output.value"])
         if payload.status == "captured":
-            out.requested_calls.extend(messages.requested_calls(payload.value))
+            out.requested_calls += tuple(messages.requested_calls(payload.value))
     inputs = flattened(a, "llm.input_messages.")
     if inputs:
-        out.tool_results.update(flat_results(inputs, "message.role", "message.tool_call_id", "message.content"))
+        results = flat_results(inputs, "message.role", "message.tool_call_id", "message.content")
+        add_tool_results(out, results)
     elif "input.value" in a:
         payload = decode(a["input.value"])
         if payload.status == "captured":
-            out.tool_results.update(messages.tool_results(payload.value))
+            add_tool_results(out, messages.tool_results(payload.value))

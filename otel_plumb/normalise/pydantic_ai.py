@@ -17,7 +17,7 @@ from typing import Any
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, StepKind
 from otel_plumb.normalise import genai, messages
-from otel_plumb.normalise.common import as_str, name_after, set_args, set_result
+from otel_plumb.normalise.common import add_tool_results, as_str, name_after, set_args, set_result
 from otel_plumb.normalise.values import decode
 
 _TOOL_MSG_PREFIX = "running tool: "
@@ -54,16 +54,19 @@ def _legacy_kind(span: SpanRecord) -> StepKind | None:
 def _read_events_attribute(out: NormalisedSpan, raw: Any) -> None:
     d = decode(raw)
     if d.status == "undecodable":
-        out.problems.append(f"events: {d.reason}")
+        out.problems += (f"events: {d.reason}",)
     if d.status != "captured" or not isinstance(d.value, list):
         return
+    results: dict[str, Any] = {}
     for event in d.value:
         if not isinstance(event, dict):
             continue
         name = event.get("event.name")
         if name == "gen_ai.choice":
-            out.requested_calls.extend(messages.requested_calls(event))
+            out.requested_calls += tuple(messages.requested_calls(event))
         elif name == "gen_ai.tool.message":
             call_id = as_str(event.get("id"))
             if call_id is not None:
-                out.tool_results[call_id] = event.get("content")
+                results[call_id] = event.get("content")
+    if results:
+        add_tool_results(out, results)

@@ -17,6 +17,7 @@ from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, StepKind
 from otel_plumb.normalise import genai
 from otel_plumb.normalise.common import (
+    add_tool_results,
     as_str,
     first_str,
     flat_calls,
@@ -67,8 +68,8 @@ def _read_llm(span: SpanRecord, out: NormalisedSpan, a: Mapping[str, Any]) -> No
     out.kind = "llm"
     out.name = first_str(a, ("gen_ai.request.model", "gen_ai.response.model")) or span.name
     completions = flattened(a, "gen_ai.completion.")
-    out.requested_calls.extend(flat_calls(completions, "tool_calls.", ("name", "arguments", "id")))
+    out.requested_calls += tuple(flat_calls(completions, "tool_calls.", ("name", "arguments", "id")))
     prompts = flattened(a, "gen_ai.prompt.")
-    out.tool_results.update(flat_results(prompts, "role", "tool_call_id", "content"))
+    add_tool_results(out, flat_results(prompts, "role", "tool_call_id", "content"))
     if not completions and "gen_ai.output.messages" in a:  # newer releases write the GenAI attributes
         genai.read_llm(span, out, a)

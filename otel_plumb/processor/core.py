@@ -526,7 +526,7 @@ class Processor:
                 continue
             # The ids and times are the record's own objects: shared, not copied. Kept as bytes,
             # so nothing of the parsed request outlives it.
-            payload = Forwarded(body if annotating else b"", origins[origin_index], trace_id, span_id,
+            payload = Forwarded(body if annotating else b"", origins[origin_index], record.trace_id, span_id,
                                 record.start_ns, record.end_ns, journal_id)  # fmt: skip
             if isinstance(record, UnreadSpan):  # a span nobody can decode is still forwarded, never lost
                 log.warning("cannot decode span %s; forwarding it unchecked: %s", span_id, record.reason)
@@ -537,7 +537,7 @@ class Processor:
             if outcome is AddOutcome.ACCEPTED:
                 taken += 1
                 assert normalised is not None
-                tid = normalised.trace_id
+                tid = payload.trace_id = normalised.trace_id  # the trace's one string
                 self._last_arrival[tid] = now
                 if normalised.parent_span_id is None:
                     self._rooted.add(tid)
@@ -748,7 +748,7 @@ class Processor:
     async def _write(self, payloads: list[Forwarded], whole_traces: bool) -> bool:
         """One submit; the journal counts change only once it is on disk. False: storage failed."""
         assert self.exporter is not None
-        done: set[tuple[int, bytes]] = set()
+        done: set[tuple[int, str]] = set()
         released: list[int] = []
         pending = self._journal_pending
         taken: dict[int, int] = {}
@@ -763,7 +763,7 @@ class Processor:
                 released.append(journal_id)
         batches = encode_requests(payloads, self._batch_spans, self._batch_bytes)
         try:
-            await self.exporter.submit(batches, sorted(done), released)
+            await self.exporter.submit(batches, sorted((j, bytes.fromhex(t)) for j, t in done), released)
         except StorageError as exc:
             self._storage_log.error(
                 "submit", "cannot queue %d spans for export (%s); kept in memory, retried every second",

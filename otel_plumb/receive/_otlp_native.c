@@ -266,8 +266,9 @@ static int append_wire(Dec *d, ptr span, ptr span_end, ptr trace_id, ptr trace_e
     return rc < 0 ? fail(d, E_PYTHON) : 0;
 }
 
-/* Attribute keys repeat from span to span: the str of a short ASCII key is kept (with its
- * hash computed once) in a small direct-mapped cache instead of being built for every span. */
+/* Attribute keys, span and event names repeat from span to span: the str of a short ASCII one
+ * is kept (with its hash computed once) in a small direct-mapped cache instead of being built
+ * for every span, and a buffered span shares it rather than holding a copy. */
 #define KEY_CACHE_SIZE 1024
 #define KEY_CACHE_MAX_LEN 64
 static PyObject *key_cache[KEY_CACHE_SIZE];
@@ -587,7 +588,7 @@ static int parse_event(Dec *d, ptr p, ptr end, PyObject **events) {
         if (field == 1 && wt == 1) {
             if (read_fixed64(d, &p, d->end, &time_ns) < 0) goto done;
         } else if (field == 2 && wt == 2) {
-            if (read_string(d, &p, d->end, &name) < 0) goto done;
+            if (read_key(d, &p, d->end, &name) < 0) goto done;
         } else if (field == 3 && wt == 2) {
             if (parse_attribute_field(d, &p, end, &attrs) < 0) goto done;
         } else if (skip_field(d, &p, d->end, field, wt) < 0) {
@@ -679,7 +680,7 @@ static int parse_span(Dec *d, ptr p, ptr end, PyObject *out) {
             continue;
         case 5:
             if (wt != 2) break;
-            if (read_string(d, &p, d->end, &name) < 0) goto done;
+            if (read_key(d, &p, d->end, &name) < 0) goto done;
             continue;
         case 6:
             if (wt != 0) break;

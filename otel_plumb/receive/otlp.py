@@ -107,9 +107,10 @@ class UnreadSpan:
     """A span the protobuf runtime parsed whose values could not be read into a record: what
     forwarding it needs, and why."""
 
-    __slots__ = ("end_ns", "reason", "span_id", "start_ns")
+    __slots__ = ("end_ns", "reason", "span_id", "start_ns", "trace_id")
 
     def __init__(self, span: Span, reason: str) -> None:
+        self.trace_id = span.trace_id.hex()
         self.span_id = span.span_id.hex()
         self.start_ns = span.start_time_unix_nano
         self.end_ns = span.end_time_unix_nano
