@@ -68,5 +68,4 @@ def _read_events_attribute(out: NormalisedSpan, raw: Any) -> None:
             call_id = as_str(event.get("id"))
             if call_id is not None:
                 results[call_id] = event.get("content")
-    if results:
-        add_tool_results(out, results)
+    add_tool_results(out, results)

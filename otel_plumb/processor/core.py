@@ -533,7 +533,7 @@ class Processor:
                 intake.unreadable(source, f"span {span_id} could not be decoded: {record.reason}", trace_id.hex())
                 outcome, normalised = AddOutcome.UNREADABLE, None
             else:
-                outcome, normalised = intake.add(record, payload, now, source, 3 * len(body) + 1024)
+                outcome, normalised = intake.add(record, payload, now, source, _held_bytes(body))
             if outcome is AddOutcome.ACCEPTED:
                 taken += 1
                 assert normalised is not None
@@ -893,9 +893,6 @@ class _ExportConsumer:
             await p._submit_requests([(request.SerializeToString(), 1) for request in verdict_spans])
 
 
-_RESENT = (AddOutcome.DUPLICATE, AddOutcome.CONFLICTING_DUPLICATE)
-
-
 def _request_spans(request: ExportTraceServiceRequest, raw: bytes | None, tenant: str | None) -> RequestSpans:
     """The records of a request's spans, in their order, each with its span as sent. From the
     compiled decoder when the request came as protobuf (a fraction of the time reading each span
@@ -936,6 +933,13 @@ def _set_tenant(resource: dict[str, Any], tenant: str | None) -> None:
         resource.pop(auth.TENANT_ATTRIBUTE, None)
         if tenant:
             resource[auth.TENANT_ATTRIBUTE] = tenant
+
+
+def _held_bytes(span: bytes) -> int:
+    """What a buffered span holds, estimated: the received span (kept to be forwarded), its
+    decoded values (about as much again) and the allocator's share (measured: an 8 MiB span
+    held about 23 MiB of RSS), plus the objects around a small span."""
+    return 3 * len(span) + 1024
 
 
 def _redacted_request(request: ExportTraceServiceRequest, scrub: Scrub) -> ExportTraceServiceRequest:

@@ -121,7 +121,8 @@ RequestSpans = tuple[list[SpanRecord | UnreadSpan], list[SpanWire], list[OriginW
 
 
 def request_spans(request: ExportTraceServiceRequest) -> RequestSpans:
-    """``decode_spans`` of a parsed request."""
+    """What the compiled decoder's ``decode_spans`` gives, from a parsed request: the records,
+    each span serialised again (the same message as the bytes it came in), each ScopeSpans' origin."""
     records: list[SpanRecord | UnreadSpan] = []
     wires: list[SpanWire] = []
     origins: list[OriginWire] = []
@@ -138,10 +139,6 @@ def request_spans(request: ExportTraceServiceRequest) -> RequestSpans:
                     records.append(UnreadSpan(span, str(exc)))
                 wires.append((span.SerializeToString(), span.trace_id, index))
     return records, wires, origins
-
-
-def pure_decode_spans(data: bytes) -> RequestSpans:
-    return request_spans(ExportTraceServiceRequest.FromString(data))
 
 
 def _native_decoder() -> tuple[Any, str]:
