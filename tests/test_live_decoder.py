@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from test_live_support import config
+from test_live_support import config, strip_annotations, wait_until
 
 from otel_plumb.check import load_policies
+from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.demo.run import policy_path
 from otel_plumb.model import Decided
 from otel_plumb.processor import Processor
@@ -97,3 +98,64 @@ async def test_a_span_the_runtime_parses_but_cannot_read_is_forwarded_and_its_tr
         assert r["status"] == "indeterminate"
         assert [v["verdict"] for v in r["verdicts"]] == ["indeterminate"]
         assert any("could not be decoded: a value this reader cannot take" in p for p in r["problems"])
+
+
+def _mixed_request() -> bytes:
+    """Requests of several fixtures in one, each resource and scope given a schema URL: spans of
+    different resources and scopes side by side, as a Collector's batch carries them."""
+    request = ExportTraceServiceRequest()
+    for n, path in enumerate(REQUESTS[:6]):
+        for body in _requests(path):
+            for rs in ExportTraceServiceRequest.FromString(body).resource_spans:
+                rs.schema_url = f"https://opentelemetry.io/schemas/1.{n}.0"
+                for m, ss in enumerate(rs.scope_spans):
+                    ss.schema_url = f"https://example.com/scope/{n}/{m}"
+                request.resource_spans.append(rs)
+    return request.SerializeToString()
+
+
+async def _forwarded(tmp_path: Path, body: bytes) -> dict[str, tuple[bytes, str, bytes, str, bytes]]:
+    """Each span as the backend received it: its resource and scope (with their schema URLs)
+    and the span without annotations, by span id."""
+    tmp_path.mkdir()
+    backend = OtlpBackend()
+    await backend.start(0)
+    processor = Processor(config(tmp_path, backend.endpoint, policies=[str(policy_path())]))
+    await processor.start()
+    try:
+        await processor.ingest(ExportTraceServiceRequest.FromString(body), "grpc", body)
+        await wait_until(lambda: backend.span_count >= _span_total(body), 20, "every span at the backend")
+    finally:
+        await processor.stop()
+        await backend.stop()
+    return {
+        span.span_id.hex(): (
+            rs.resource.SerializeToString(deterministic=True), rs.schema_url,
+            ss.scope.SerializeToString(deterministic=True), ss.schema_url,
+            strip_annotations(span).SerializeToString(deterministic=True),
+        )
+        for request in backend.requests for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans
+    }  # fmt: skip
+
+
+def _span_total(body: bytes) -> int:
+    request = ExportTraceServiceRequest.FromString(body)
+    return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+
+
+async def test_spans_are_forwarded_under_their_own_resource_and_scope_either_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = _mixed_request()
+    request = ExportTraceServiceRequest.FromString(body)
+    sent = {
+        span.span_id.hex(): (
+            rs.resource.SerializeToString(deterministic=True), rs.schema_url,
+            ss.scope.SerializeToString(deterministic=True), ss.schema_url, span.SerializeToString(deterministic=True),
+        )
+        for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans
+    }  # fmt: skip
+    assert len({(v[1], v[3]) for v in sent.values()}) >= 6  # several resources and scopes in one request
+    assert await _forwarded(tmp_path / "native", body) == sent
+    monkeypatch.setattr(processor_core, "native_decode_spans", None)
+    assert await _forwarded(tmp_path / "pure", body) == sent
