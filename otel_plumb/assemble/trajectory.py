@@ -422,11 +422,12 @@ def _assign_agents(steps: list[Step], by_id: dict[str, NormalisedSpan]) -> None:
     span's sibling of the same name is the agent's body (OpenLLMetry writes the agent's
     ``invoke_agent`` span beside the ``execute_task`` span its work hangs under)."""
     agent_of_span = {st.span_id: st.name for st in steps if st.kind == "agent" and st.source == "span"}
-    if agent_of_span:
-        agents_by_parent = {(st.parent_span_id, st.name) for st in steps if st.span_id in agent_of_span}
-        for st in steps:
-            if st.kind == "other" and st.source == "span" and (st.parent_span_id, st.name) in agents_by_parent:
-                agent_of_span[st.span_id] = st.name
+    if not agent_of_span:
+        return  # no agent span to inherit from (HTTP and database traces, bare model calls)
+    agents_by_parent = {(st.parent_span_id, st.name) for st in steps if st.span_id in agent_of_span}
+    for st in steps:
+        if st.kind == "other" and st.source == "span" and (st.parent_span_id, st.name) in agents_by_parent:
+            agent_of_span[st.span_id] = st.name
     for st in steps:
         if st.agent:
             continue
