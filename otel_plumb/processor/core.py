@@ -36,7 +36,6 @@ from otel_plumb.console import console_app
 from otel_plumb.export.annotate import (
     Forwarded,
     Origin,
-    Wire,
     annotate,
     encode_requests,
     redact_forwarded,
@@ -917,13 +916,8 @@ def _request_spans(request: ExportTraceServiceRequest, raw: bytes | None, tenant
 
 
 def _origins(wires: list[OriginWire]) -> list[Origin]:
-    """The request's origins, equal resources and scopes shared (export groups spans by them)."""
-    seen: dict[Wire, Wire] = {}
-    return [
-        Origin(seen.setdefault((resource, resource_url), (resource, resource_url)),
-               seen.setdefault((scope, scope_url), (scope, scope_url)))
-        for resource, resource_url, scope, scope_url in wires
-    ]  # fmt: skip
+    """The request's origins (export groups spans by equal resources and scopes)."""
+    return [Origin((resource, resource_url), (scope, scope_url)) for resource, resource_url, scope, scope_url in wires]
 
 
 def _set_tenant(resource: dict[str, Any], tenant: str | None) -> None:
