@@ -464,3 +464,16 @@ def test_a_trace_decided_normally_has_no_tombstone_and_tombstones_are_bounded():
     assert asm.tombstone("big") is None  # forgotten with the decided traces' memory
     remembered, spans = asm.decided_remembered
     assert remembered == 3 and spans == 6  # per evicted trace: its span id and the call its tombstone keeps
+
+
+def test_buffered_spans_of_a_trace_share_one_string_per_parent_id():
+    asm = Assembler(AssemblyLimits(idle_timeout_s=1.0, max_wait_s=100))
+    # Each span arrives with its own copy of the parent's id, as a decoder makes them.
+    for i in range(3):
+        asm.add(ns(f"s{i}", "".join(["ro", "ot"])), None, now=0.0)
+    asm.add(ns("root"), None, now=0.0)
+    children = [s for s in asm.buffered_spans("t1") if s.parent_span_id is not None]
+    assert [s.parent_span_id for s in children] == ["root"] * 3
+    assert len({id(s.parent_span_id) for s in children}) == 1
+    (finished,) = asm.due(5.0)
+    assert [s.span_id for s in finished.trajectory().steps] == ["root", "s0", "s1", "s2"]

@@ -22,7 +22,7 @@ from otel_plumb.export.annotate import (
     truncate,
     wire,
 )
-from otel_plumb.model import Trajectory, Verdict
+from otel_plumb.model import SpanRecord, Trajectory, Verdict
 
 ADDED_ATTRIBUTES = {
     "plumb.verdict",
@@ -95,8 +95,9 @@ def origin_of(rs: ResourceSpans, ss: ScopeSpans) -> Origin:
 
 def kept(span: Span, origin: Origin) -> Forwarded:
     """A span as the processor keeps it."""
-    ids = span.trace_id.hex(), span.span_id.hex()
-    return Forwarded(span.SerializeToString(), origin, *ids, span.start_time_unix_nano, span.end_time_unix_nano, 0)
+    ids = SpanRecord(span.trace_id.hex(), span.span_id.hex(), None, span.name,
+                     start_ns=span.start_time_unix_nano, end_ns=span.end_time_unix_nano)  # fmt: skip
+    return Forwarded(span.SerializeToString(), origin, ids, 0)
 
 
 @settings(max_examples=150, deadline=None)

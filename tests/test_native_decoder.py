@@ -391,6 +391,20 @@ def test_any_buffer_is_read() -> None:
         native_decode("not bytes")  # type: ignore[arg-type]
 
 
+def test_short_strings_are_shared_between_spans_and_requests() -> None:
+    """A buffered span holds no copy of a tool name, model name or attribute key it shares
+    with other spans; long values are each span's own (no cache holds them)."""
+    long_value = b"x" * 200
+    span = IDS + kv(b"gen_ai.tool.name", ld(1, b"get_weather")) + kv(b"payload", ld(1, long_value))
+    first, second = native_decode(req(span) + req(span)), native_decode(req(span))  # two ResourceSpans, then one
+    names = [r.attributes["gen_ai.tool.name"] for r in (*first, *second)]
+    assert names == ["get_weather"] * 3 and len({id(n) for n in names}) == 1
+    keys = [next(iter(r.attributes)) for r in (*first, *second)]
+    assert len({id(k) for k in keys}) == 1
+    longs = [r.attributes["payload"] for r in (*first, *second)]
+    assert longs == [long_value.decode()] * 3 and len({id(v) for v in longs}) == 3
+
+
 def test_no_memory_is_kept_across_decodes() -> None:
     """Objects built for a request are all freed, whether it was accepted or refused half way."""
     good = b"".join(data for _, data in FIXTURE_REQUESTS[:20])

@@ -100,8 +100,8 @@ class Finished:
 
 class _TraceBuffer:
     __slots__ = (
-        "fingerprints", "first_seen", "has_root", "last_seen", "over_limit", "payloads", "service", "session_id",
-        "size", "spans", "trace_id",
+        "fingerprints", "first_seen", "has_root", "last_seen", "over_limit", "parent_ids", "payloads", "service",
+        "session_id", "size", "spans", "trace_id",
     )  # fmt: skip
 
     def __init__(self, trace_id: str, now: float, service: str) -> None:
@@ -112,6 +112,9 @@ class _TraceBuffer:
         self.payloads: list[object] = []
         # Every span id taken for this trace (over the limit too), with its content fingerprint.
         self.fingerprints: dict[str, int] = {}
+        # One string per parent id: most spans of a trace share a few parents (the agent span,
+        # a tool span), and each arrives with its own copy of the id.
+        self.parent_ids: dict[str, str] = {}
         self.first_seen = now
         self.last_seen = now
         self.has_root = False
@@ -340,6 +343,9 @@ class Assembler:
             buf.over_limit = True
             return AddOutcome.OVER_LIMIT, evicted
         span.trace_id = buf.trace_id  # one string per trace, not one per buffered span
+        parent = span.parent_span_id
+        if parent is not None:
+            span.parent_span_id = buf.parent_ids.setdefault(parent, parent)
         buf.spans.append(span)
         buf.payloads.append(payload)
         buf.size += size

@@ -16,7 +16,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope
@@ -48,23 +48,49 @@ class Origin:
         self.scope = scope
 
 
+class SpanIds(Protocol):
+    """What annotation and export read of a kept span besides its bytes: its ids (in hex, as
+    verdicts name them) and its times."""
+
+    @property
+    def trace_id(self) -> str: ...
+    @property
+    def span_id(self) -> str: ...
+    @property
+    def start_ns(self) -> int: ...
+    @property
+    def end_ns(self) -> int: ...
+
+
 class Forwarded:
     """A received span as the processor keeps it to forward it: its wire bytes (annotations
-    appended), where it came from, its ids (in hex, as verdicts name them), its times, and the id
-    of the journaled request it arrived in (0: not journaled)."""
+    appended), where it came from, the id of the journaled request it arrived in (0: not
+    journaled) and an object giving its ids and times (the normalised span, once there is one:
+    a buffered span holds no copies of them)."""
 
-    __slots__ = ("body", "end_ns", "journal_id", "origin", "span_id", "start_ns", "trace_id")
+    __slots__ = ("body", "ids", "journal_id", "origin")
 
-    def __init__(
-        self, body: bytes, origin: Origin, trace_id: str, span_id: str, start_ns: int, end_ns: int, journal_id: int
-    ) -> None:
+    def __init__(self, body: bytes, origin: Origin, ids: SpanIds, journal_id: int) -> None:
         self.body = body
         self.origin = origin
-        self.trace_id = trace_id
-        self.span_id = span_id
-        self.start_ns = start_ns
-        self.end_ns = end_ns
+        self.ids = ids
         self.journal_id = journal_id
+
+    @property
+    def trace_id(self) -> str:
+        return self.ids.trace_id
+
+    @property
+    def span_id(self) -> str:
+        return self.ids.span_id
+
+    @property
+    def start_ns(self) -> int:
+        return self.ids.start_ns
+
+    @property
+    def end_ns(self) -> int:
+        return self.ids.end_ns
 
     def add(self, attributes: dict[str, Any], events: Iterable[Span.Event] = ()) -> None:
         """Append attributes and events to the span."""

@@ -523,20 +523,21 @@ class Processor:
                 continue
             if skip_traces and trace_id in skip_traces:
                 continue
-            # The ids and times are the record's own objects: shared, not copied. Kept as bytes,
-            # so nothing of the parsed request outlives it.
-            payload = Forwarded(body if annotating else b"", origins[origin_index], record.trace_id, span_id,
-                                record.start_ns, record.end_ns, journal_id)  # fmt: skip
+            # Kept as bytes, so nothing of the parsed request outlives it; its ids are read from
+            # the record until the span is normalised (below).
+            payload = Forwarded(body if annotating else b"", origins[origin_index], record, journal_id)
             if isinstance(record, UnreadSpan):  # a span nobody can decode is still forwarded, never lost
                 log.warning("cannot decode span %s; forwarding it unchecked: %s", span_id, record.reason)
                 intake.unreadable(source, f"span {span_id} could not be decoded: {record.reason}", trace_id.hex())
                 outcome, normalised = AddOutcome.UNREADABLE, None
             else:
                 outcome, normalised = intake.add(record, payload, now, source, _held_bytes(body))
+                if normalised is not None:
+                    payload.ids = normalised  # the same ids and times; the record is let go
             if outcome is AddOutcome.ACCEPTED:
                 taken += 1
                 assert normalised is not None
-                tid = payload.trace_id = normalised.trace_id  # the trace's one string
+                tid = normalised.trace_id  # the trace's one string
                 self._last_arrival[tid] = now
                 if normalised.parent_span_id is None:
                     self._rooted.add(tid)

@@ -266,19 +266,21 @@ static int append_wire(Dec *d, ptr span, ptr span_end, ptr trace_id, ptr trace_e
     return rc < 0 ? fail(d, E_PYTHON) : 0;
 }
 
-/* Attribute keys, span and event names repeat from span to span: the str of a short ASCII one
- * is kept (with its hash computed once) in a small direct-mapped cache instead of being built
- * for every span, and a buffered span shares it rather than holding a copy. */
-#define KEY_CACHE_SIZE 1024
-#define KEY_CACHE_MAX_LEN 64
-static PyObject *key_cache[KEY_CACHE_SIZE];
+/* Attribute keys, span and event names and short string values (tool and model names, HTTP
+ * methods, database systems) repeat from span to span: the str of a short ASCII one is kept
+ * (with its hash computed once) in a direct-mapped cache instead of being built for every span,
+ * and a buffered span shares it rather than holding a copy. A value seen once (a call id) only
+ * takes the place of another entry: the cache never grows. */
+#define STRING_CACHE_SIZE 4096
+#define STRING_CACHE_MAX_LEN 64
+static PyObject *string_cache[STRING_CACHE_SIZE];
 
-static int read_key(Dec *d, ptr *pp, ptr end, PyObject **slot) {
+static int read_cached_string(Dec *d, ptr *pp, ptr end, PyObject **slot) {
     ptr a, b;
     ptr start = *pp;
     if (read_len(d, pp, end, &a, &b) < 0) return -1;
     Py_ssize_t n = b - a;
-    if (n == 0 || n > KEY_CACHE_MAX_LEN) {
+    if (n == 0 || n > STRING_CACHE_MAX_LEN) {
         *pp = start;
         return read_string(d, pp, end, slot);
     }
@@ -290,7 +292,7 @@ static int read_key(Dec *d, ptr *pp, ptr end, PyObject **slot) {
         }
         h = (h ^ a[i]) * 16777619u;
     }
-    PyObject **entry = &key_cache[h & (KEY_CACHE_SIZE - 1)];
+    PyObject **entry = &string_cache[h & (STRING_CACHE_SIZE - 1)];
     PyObject *s = *entry;
     if (s == NULL || PyUnicode_GET_LENGTH(s) != n || memcmp(PyUnicode_1BYTE_DATA(s), a, n) != 0) {
         s = PyUnicode_FromKindAndData(PyUnicode_1BYTE_KIND, a, n);
@@ -456,7 +458,7 @@ static int parse_any_value(Dec *d, ptr p, ptr end, AnyValue *av) {
             if (wt != 2) break;
             if (av->member != 1) Py_CLEAR(av->value);
             av->member = 1;
-            if (read_string(d, &p, d->end, &av->value) < 0) return -1;
+            if (read_cached_string(d, &p, d->end, &av->value) < 0) return -1;
             continue;
         case 2: /* bool_value */
             if (wt != 0) break;
@@ -533,7 +535,7 @@ static int parse_key_value_into(Dec *d, ptr p, ptr end, PyObject *dict) {
         int wt;
         if (read_tag(d, &p, d->end, &field, &wt) < 0) goto done;
         if (field == 1 && wt == 2) {
-            if (read_key(d, &p, d->end, &key) < 0) goto done;
+            if (read_cached_string(d, &p, d->end, &key) < 0) goto done;
         } else if (field == 2 && wt == 2) {
             ptr a, b;
             if (read_len(d, &p, end, &a, &b) < 0) goto done;
@@ -588,7 +590,7 @@ static int parse_event(Dec *d, ptr p, ptr end, PyObject **events) {
         if (field == 1 && wt == 1) {
             if (read_fixed64(d, &p, d->end, &time_ns) < 0) goto done;
         } else if (field == 2 && wt == 2) {
-            if (read_key(d, &p, d->end, &name) < 0) goto done;
+            if (read_cached_string(d, &p, d->end, &name) < 0) goto done;
         } else if (field == 3 && wt == 2) {
             if (parse_attribute_field(d, &p, end, &attrs) < 0) goto done;
         } else if (skip_field(d, &p, d->end, field, wt) < 0) {
@@ -680,7 +682,7 @@ static int parse_span(Dec *d, ptr p, ptr end, PyObject *out) {
             continue;
         case 5:
             if (wt != 2) break;
-            if (read_key(d, &p, d->end, &name) < 0) goto done;
+            if (read_cached_string(d, &p, d->end, &name) < 0) goto done;
             continue;
         case 6:
             if (wt != 0) break;
