@@ -311,8 +311,15 @@ class Assembler:
         ``size``: the bytes it holds (its payload and values), counted until its trace is let go.
         A late span of a trace that has a tombstone is remembered by it (and its ids, so that a
         resend of it is a duplicate)."""
+        return self.add_seen(span, payload, now, self.seen(span.trace_id, span.span_id, fingerprint), fingerprint, size)
+
+    def add_seen(
+        self, span: NormalisedSpan, payload: object, now: float, already: AddOutcome | None, fingerprint: int = 0,
+        size: int = 0,
+    ) -> tuple[AddOutcome, list[Finished]]:
+        """``add`` for a span whose ``seen`` was asked just before (``already``), with nothing
+        added in between: the intake asks before normalising, and is not asked twice."""
         tid = span.trace_id
-        already = self.seen(tid, span.span_id, fingerprint)
         if already is not None:
             if already is AddOutcome.LATE:
                 decided = self._decided[tid]

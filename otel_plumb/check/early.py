@@ -68,8 +68,10 @@ class EarlyState:
     def add(self, span: NormalisedSpan) -> None:
         """Count one span taken into the trace's buffer (each span once: duplicates are not)."""
         self.spans += 1
-        self.start = min(self.start, span.start_ns)
-        self.end = max(self.end, span.end_ns)
+        if span.start_ns < self.start:
+            self.start = span.start_ns
+        if span.end_ns > self.end:
+            self.end = span.end_ns
         if span.tokens is not None:
             self.tokens += span.tokens
         kind = span.kind

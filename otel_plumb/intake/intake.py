@@ -25,10 +25,15 @@ MAX_MARKED_TRACES = 100_000
 MAX_PROBLEMS_PER_TRACE = 20
 
 
+# 60 bits of the hash: an int below 2**60 is two 30-bit digits (32 bytes), a full hash three (48
+# with the allocator's rounding), and one is kept per buffered span.
+_FINGERPRINT_MASK = (1 << 60) - 1
+
+
 def fingerprint(span: SpanRecord) -> int:
     """What tells a resent copy of a span from a different span with the same ids. Cheap on
     purpose (it runs for every span): name, times, status, attribute keys and event count."""
-    return hash(
+    return _FINGERPRINT_MASK & hash(
         (span.name, span.start_ns, span.end_ns, span.status_code, span.status_message, tuple(span.attributes),
          len(span.events))
     )  # fmt: skip
@@ -131,7 +136,7 @@ class Intake:
             self.counts.unreadable += 1
             self._mark(tid, UNREADABLE_SPAN, f"span {record.span_id} ({record.name!r}) could not be read: {exc}")
             return AddOutcome.UNREADABLE, None
-        outcome, evicted = self.assembler.add(span, payload, now, fp, size)
+        outcome, evicted = self.assembler.add_seen(span, payload, now, outcome, fp, size)
         self.counts.count(outcome)
         if evicted:
             self._ready.extend(evicted)
