@@ -290,6 +290,34 @@ def test_arbitrary_spans_never_raise(spans):
     assert [s.index for s in t.steps] == list(range(len(t.steps)))
 
 
+# Message-shaped values: the keys the message readers look at, holding anything (a role that is
+# a list, a call id that is an object), at any depth.
+message_keys = st.sampled_from([
+    "role", "type", "id", "tool_call_id", "toolCallId", "name", "arguments", "args", "input", "function", "toolUse",
+    "toolResult", "functionResponse", "toolName", "content", "parts", "tool_calls", "messages", "response", "result",
+    "output", "choices", "message",
+])  # fmt: skip
+message_scalars = st.none() | st.booleans() | st.integers(-2, 2) | st.sampled_from(
+    ["tool", "tool_result", "tool_call", "function_call_output", "assistant", "call_1", "lookup", '{"a": 1}', ""]
+)
+message_trees = st.recursive(
+    message_scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(message_keys, inner, max_size=6),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(message_trees, message_trees)
+def test_arbitrary_messages_never_raise(inputs, outputs):
+    n = normalise(span({
+        "gen_ai.operation.name": "chat", "gen_ai.input.messages": json.dumps(inputs),
+        "gen_ai.output.messages": json.dumps(outputs),
+    }))  # fmt: skip
+    assert n.kind == "llm" and not any("could not" in p for p in n.problems)
+    assert all(isinstance(c.name, str) and c.name for c in n.requested_calls)
+    assert all(isinstance(k, str) for k in n.tool_results)
+
+
 def test_span_name_readers_are_registered():
     assert set(BY_SPAN_NAME) == {"running tool", "agent run"}
 

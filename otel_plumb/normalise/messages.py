@@ -39,6 +39,9 @@ _CONTAINER_KEYS = (
     "response",
     "data",
 )
+# Their order of descent, looked up from a node's own keys (a message has a few keys; there
+# are fifteen containers, and every model call's messages are walked).
+_CONTAINER_ORDER = {key: i for i, key in enumerate(_CONTAINER_KEYS)}
 _MAX_DEPTH = 8
 _CALL_TYPES = frozenset({"tool_call", "function_call", "tool-call", "tool_use", "function"})
 _RESULT_TYPES = frozenset({"tool_call_response", "tool-result", "tool_result", "function_call_output"})
@@ -71,10 +74,16 @@ def _calls(node: Any, depth: int) -> Iterator[RequestedCall]:
     if call is not None:
         yield call
         return
-    for key in _CONTAINER_KEYS:
-        child = node.get(key)
-        if isinstance(child, (list, dict)):
-            yield from _calls(child, depth + 1)
+    for child in _containers(node):
+        yield from _calls(child, depth + 1)
+
+
+def _containers(node: dict[str, Any]) -> list[Any]:
+    """The node's lists and objects under container keys, in ``_CONTAINER_KEYS`` order."""
+    keys = [key for key in node if key in _CONTAINER_ORDER]
+    if len(keys) > 1:
+        keys.sort(key=_CONTAINER_ORDER.__getitem__)
+    return [child for key in keys if isinstance(child := node[key], (list, dict))]
 
 
 def _as_call(node: dict[str, Any]) -> RequestedCall | None:
@@ -135,7 +144,7 @@ def recent_messages(payload: Any) -> Any:
         return payload
     for i in range(len(payload) - 1, -1, -1):
         message = payload[i]
-        if isinstance(message, dict) and message.get("role") in _ASSISTANT_ROLES:
+        if isinstance(message, dict) and isinstance(role := message.get("role"), str) and role in _ASSISTANT_ROLES:
             return payload[i + 1 :]
     return payload
 
@@ -155,10 +164,8 @@ def _results(node: Any, out: dict[str, Any], depth: int) -> None:
         if found[1] is not _NOT_CAPTURED:
             out[found[0]] = found[1]
         return
-    for key in _CONTAINER_KEYS:
-        child = node.get(key)
-        if isinstance(child, (list, dict)):
-            _results(child, out, depth + 1)
+    for child in _containers(node):
+        _results(child, out, depth + 1)
 
 
 def _as_result(node: dict[str, Any]) -> tuple[str, Any] | None:
