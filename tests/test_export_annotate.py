@@ -18,11 +18,14 @@ from otel_plumb.export.annotate import (
     build_requests,
     encode_requests,
     halve_request,
+    span_addition,
     split_request,
     truncate,
+    verdict_span_request,
     wire,
 )
 from otel_plumb.model import SpanRecord, Trajectory, Verdict
+from otel_plumb.receive.otlp import to_key_values
 
 ADDED_ATTRIBUTES = {
     "plumb.verdict",
@@ -198,3 +201,43 @@ def test_annotation_values_are_cut_with_a_marker() -> None:
     assert values["message"].endswith("more characters]") and len(values["message"]) < 140
     assert values["expected"] == "^short$"
     assert truncate("short", 100) == "short"
+
+
+# --- annotations written in wire format -------------------------------------------------------
+annotation_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.binary(max_size=8)
+    | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=12,
+)
+annotation_attributes = st.dictionaries(st.text(max_size=10), annotation_values, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(annotation_attributes, st.lists(st.tuples(st.text(max_size=8), st.integers(0, 2**64 - 1), annotation_attributes),
+                                       max_size=3))  # fmt: skip
+def test_annotations_are_written_as_the_protobuf_runtime_writes_them(attributes, events) -> None:
+    want = Span()
+    want.attributes.extend(to_key_values(attributes))
+    for name, at, event_attributes in events:
+        want.events.add(name=name, time_unix_nano=at).attributes.extend(to_key_values(event_attributes))
+    assert span_addition(attributes, events) == want.SerializeToString()
+
+
+def test_verdict_text_that_is_no_unicode_still_annotates_the_span() -> None:
+    """A lone surrogate (a JSON escape in an argument: ``"\\ud800"``) in a verdict's message and
+    value cannot be UTF-8: the span still goes out annotated, the character written as its escape."""
+    span = Span(trace_id=b"\1" * 16, span_id=b"\2" * 8, name="execute_tool send_email", start_time_unix_nano=1,
+                end_time_unix_nano=2)  # fmt: skip
+    kept_span = kept(span, Origin((b"", ""), (b"", "")))
+    trajectory = Trajectory(key="k", trace_ids=["01" * 16], steps=[], root_span_id="02" * 8)
+    verdict = Verdict(invariant="mail-domain", policy="p", verdict="fail", severity="error", span_id="02" * 8,
+                      message="to is '\ud800@x.org'", expected="@example.com", got="\ud800@x.org")  # fmt: skip
+    annotate([kept_span], trajectory, "violating", ["p"], [verdict])
+    sent = Span.FromString(kept_span.body)
+    (event,) = sent.events
+    values = {kv.key: kv.value.string_value for kv in event.attributes}
+    assert values["got"] == "\\ud800@x.org" and values["message"] == "to is '\\ud800@x.org'"
+    request = verdict_span_request(trajectory, "violating", ["p"], [verdict])
+    (event,) = request.resource_spans[0].scope_spans[0].spans[0].events
+    assert {kv.key: kv.value.string_value for kv in event.attributes}["got"] == "\\ud800@x.org"

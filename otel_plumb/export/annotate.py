@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
@@ -92,12 +93,9 @@ class Forwarded:
     def end_ns(self) -> int:
         return self.ids.end_ns
 
-    def add(self, attributes: dict[str, Any], events: Iterable[Span.Event] = ()) -> None:
+    def add(self, attributes: dict[str, Any], events: Iterable[Event] = ()) -> None:
         """Append attributes and events to the span."""
-        addition = Span()
-        addition.attributes.extend(to_key_values(attributes))
-        addition.events.extend(events)
-        self.body += addition.SerializeToString()
+        self.body += span_addition(attributes, events)
 
     def message(self) -> Span:
         return Span.FromString(self.body)
@@ -173,11 +171,8 @@ def annotate(
             continue
         offending.setdefault(id(span), (span, []))[1].append(v)
     for span, vs in offending.values():
-        events = []
-        for v in vs:
-            event = Span.Event(name=VIOLATION_EVENT, time_unix_nano=span.end_ns or span.start_ns)
-            event.attributes.extend(to_key_values(violation_event_attributes(v, max_chars)))
-            events.append(event)
+        at = span.end_ns or span.start_ns
+        events = [(VIOLATION_EVENT, at, violation_event_attributes(v, max_chars)) for v in vs]
         span.add({"plumb.violation.ids": list(dict.fromkeys(v.invariant for v in vs))}, events)
 
 
@@ -358,13 +353,73 @@ def verdict_span_request(
     span.name = "plumb.verdict"
     span.kind = Span.SPAN_KIND_INTERNAL
     span.start_time_unix_nano = span.end_time_unix_nano = now
-    span.attributes.extend(to_key_values(trajectory_attributes(status, policies, failures)))
+    events = []
     for v in failures:
-        event = span.events.add()
-        event.name = VIOLATION_EVENT
-        event.time_unix_nano = now
         attrs = violation_event_attributes(v, max_chars)
         if v.span_id:
             attrs["span_id"] = v.span_id
-        event.attributes.extend(to_key_values(attrs))
+        events.append((VIOLATION_EVENT, now, attrs))
+    span.MergeFromString(span_addition(trajectory_attributes(status, policies, failures), events))
     return request
+
+
+# --- annotations in wire format --------------------------------------------------------------
+# Written as the protobuf runtime writes them, without building messages: this runs for every
+# decided trajectory. Text is UTF-8 with any lone surrogate (which a JSON escape in trace data
+# can put in a verdict's message or value) written as its escape, so no verdict can make a span
+# unexportable.
+
+# An event to append: name, time (ns), attributes.
+Event = tuple[str, int, dict[str, Any]]
+
+# Span.attributes = 9, Span.events = 11; Event.time_unix_nano = 1 (fixed64), name = 2, attributes = 3;
+# KeyValue key = 1, value = 2; AnyValue string = 1, bool = 2, int = 3, double = 4 (fixed64),
+# array = 5, kvlist = 6, bytes = 7; ArrayValue and KeyValueList values = 1.
+_SPAN_ATTRIBUTE, _SPAN_EVENT = b"\x4a", b"\x5a"
+_EVENT_TIME = b"\x09"
+_BOOL_TRUE, _BOOL_FALSE = b"\x10\x01", b"\x10\x00"
+_INT, _DOUBLE = b"\x18", b"\x21"
+_ARRAY, _KVLIST, _BYTES = b"\x2a", b"\x32", b"\x3a"
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_DOUBLE_BYTES = struct.Struct("<d").pack
+_FIXED64 = struct.Struct("<Q").pack
+
+
+def span_addition(attributes: dict[str, Any], events: Iterable[Event] = ()) -> bytes:
+    """A serialised ``Span`` holding only these attributes and events (to append to a span)."""
+    out = [_field(_SPAN_ATTRIBUTE, _key_value(k, v)) for k, v in attributes.items()]
+    for name, time_ns, event_attributes in events:
+        body = [_EVENT_TIME + _FIXED64(time_ns)] if time_ns else []
+        if name:
+            body.append(_field(_TAG_2, _utf8(name)))
+        body += (_field(_TAG_3, _key_value(k, v)) for k, v in event_attributes.items())
+        out.append(_field(_SPAN_EVENT, b"".join(body)))
+    return b"".join(out)
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "backslashreplace")
+
+
+def _key_value(key: str, value: Any) -> bytes:
+    encoded = _field(_TAG_2, _any_value(value))
+    return _field(_TAG_1, _utf8(key)) + encoded if key else encoded
+
+
+def _any_value(v: Any) -> bytes:
+    """``receive.otlp.to_any_value(v)`` serialised."""
+    if isinstance(v, bool):
+        return _BOOL_TRUE if v else _BOOL_FALSE
+    if isinstance(v, int):
+        if not _INT64_MIN <= v <= _INT64_MAX:
+            raise ValueError(f"integer {v} is out of the int64 range")
+        return _INT + _varint(v & 0xFFFFFFFFFFFFFFFF)
+    if isinstance(v, float):
+        return _DOUBLE + _DOUBLE_BYTES(v)
+    if isinstance(v, bytes):
+        return _field(_BYTES, v)
+    if isinstance(v, (list, tuple)):
+        return _field(_ARRAY, b"".join(_field(_TAG_1, _any_value(x)) for x in v))
+    if isinstance(v, dict):
+        return _field(_KVLIST, b"".join(_field(_TAG_1, _key_value(k, x)) for k, x in v.items()))
+    return _field(_TAG_1, _utf8("" if v is None else str(v)))

@@ -31,7 +31,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from otel_plumb.receive.otlp_json import parse_request
+from otel_plumb.receive.otlp_json import loads, parse_request
 from otel_plumb.receive.sink import SpanSink, Throttled
 
 PROTOBUF = "application/x-protobuf"
@@ -155,7 +155,7 @@ def decode(raw: bytes, as_json: bool) -> ExportTraceServiceRequest:
     try:
         if not as_json:
             return ExportTraceServiceRequest.FromString(raw)
-        obj = json.loads(raw)
+        obj = loads(raw)
         if not isinstance(obj, dict):
             raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
         return parse_request(obj)
