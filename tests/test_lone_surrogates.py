@@ -91,3 +91,10 @@ def test_trace_files_with_a_lone_surrogate_are_read(tmp_path: Path) -> None:
     assert record.name in ("execute_tool send\\ud800", "execute_tool send?")
     record.name.encode("utf-8")
     str(record.attributes["gen_ai.tool.call.arguments"]).encode("utf-8")
+
+
+def test_a_value_looked_up_inside_json_text_is_valid_text() -> None:
+    from otel_plumb.check.values import MISSING, lookup
+
+    assert lookup({"payload": '{"to": "\\ud800@x.org"}'}, ("payload", "to")) == "\\ud800@x.org"
+    assert lookup({"payload": "[" * 100_000}, ("payload", 0)) is MISSING  # too deep to parse: not there

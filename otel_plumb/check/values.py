@@ -15,6 +15,8 @@ from collections.abc import Hashable
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
+from otel_plumb.model.text import may_hold_lone_surrogates, repair_lone_surrogates
+
 CompareMode = Literal["normalised", "exact", "set"]
 
 
@@ -62,9 +64,12 @@ def lookup(value: Any, path: tuple[PathSegment, ...]) -> Any:
     for seg in path:
         if isinstance(cur, str | bytes):
             try:
-                cur = json.loads(cur)
-            except ValueError:
+                text = cur
+                cur = json.loads(text)
+            except (ValueError, RecursionError):
                 return MISSING
+            if may_hold_lone_surrogates(text):  # what a verdict quotes must be valid text
+                cur = repair_lone_surrogates(cur)
         if isinstance(cur, dict):
             if seg in cur:
                 cur = cur[seg]
