@@ -98,3 +98,30 @@ def test_a_value_looked_up_inside_json_text_is_valid_text() -> None:
 
     assert lookup({"payload": '{"to": "\\ud800@x.org"}'}, ("payload", "to")) == "\\ud800@x.org"
     assert lookup({"payload": "[" * 100_000}, ("payload", 0)) is MISSING  # too deep to parse: not there
+
+
+def test_arguments_with_a_lone_surrogate_are_checked_and_their_verdict_stored(tmp_path: Path) -> None:
+    import orjson
+
+    from otel_plumb.assemble import build_trajectory
+    from otel_plumb.check import decide, load_policies
+    from otel_plumb.normalise import normalise
+    from otel_plumb.report.records import decided_record
+
+    policy = tmp_path / "p.yaml"  # the mail must go to x.com
+    policy.write_text(
+        "policy: mail\ninvariants:\n  - {id: m, arg_matches: {tool: send_email, arg: to, regex: '@x\\.com$'}}\n"
+    )
+    root = SpanRecord(TRACE, "00" * 8, None, "invoke_agent", start_ns=0, end_ns=10,
+                      attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"})  # fmt: skip
+    tool = SpanRecord(TRACE, SPAN, "00" * 8, "execute_tool send_email", start_ns=1, end_ns=2, attributes={
+        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "send_email",
+        "gen_ai.tool.call.arguments": '{"to": "\\ud800@x.org"}',
+    })  # fmt: skip
+    step = normalise(tool)
+    assert step.args == {"to": "\\ud800@x.org"}
+    decided = decide(load_policies([policy]), build_trajectory(TRACE, [normalise(root), step]))
+    assert decided.status == "violating"
+    (failure,) = decided.failures
+    assert failure.got == "\\ud800@x.org"
+    orjson.dumps(decided_record(decided))  # the console's store writes it so: no lone surrogate left

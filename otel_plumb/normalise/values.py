@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from otel_plumb.model.text import may_hold_lone_surrogates, repair_lone_surrogates
 from otel_plumb.model.trajectory import CaptureStatus
 
 # Placeholders instrumentations and redacting processors write instead of content
@@ -137,15 +138,21 @@ class _Failure:
 
 
 def _parse_structured(s: str) -> Any:
+    """JSON, else a Python literal; either with any lone surrogate written as its escape
+    (``model.text``: checks compare it, verdicts and stored trajectories carry it)."""
     try:
-        return json.loads(s)
+        value = json.loads(s)
     except (ValueError, RecursionError) as exc:
         json_error = exc
+    else:
+        return repair_lone_surrogates(value) if may_hold_lone_surrogates(s) else value
     if len(s) <= _LITERAL_EVAL_MAX:
         try:
-            return ast.literal_eval(s)  # Python reprs: {'a': 1, 'ok': True}
+            value = ast.literal_eval(s)  # Python reprs: {'a': 1, 'ok': True}
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             pass
+        else:
+            return repair_lone_surrogates(value)
     msg = json_error.msg if isinstance(json_error, json.JSONDecodeError) else type(json_error).__name__
     return _Failure(f"neither JSON nor a Python literal ({msg})")
 
