@@ -137,7 +137,10 @@ def read_autogen_runtime(span: SpanRecord, out: NormalisedSpan) -> None:
     event = message.get("message") if isinstance(message, dict) else None
     if not isinstance(event, dict) or event.get("type") != "ToolCallRequestEvent":
         return
-    for call in event.get("content") or ():
-        if isinstance(call, dict) and isinstance(call.get("name"), str):
+    calls = event.get("content")
+    if not isinstance(calls, (list, tuple)):
+        return  # a list of calls, or nothing we can read
+    for call in calls:
+        if isinstance(call, dict) and isinstance(call.get("name"), str) and call["name"]:
             args = decode(call.get("arguments"))
             out.requested_calls += (RequestedCall(call["name"], args.value, args.status, as_str(call.get("id"))),)

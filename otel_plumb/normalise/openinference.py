@@ -170,9 +170,10 @@ def _check_against_schema(out: NormalisedSpan, names: frozenset[str] | None) -> 
     elif not args or args.keys() <= names:
         return
     else:
-        what = f"{sorted(args)[:5]} are not the parameters"
+        # Sorted by their text: keys of a Python repr may mix str and int.
+        what = f"{sorted(args, key=str)[:5]} are not the parameters"
     out.args, out.args_status = None, "undecodable"
-    out.problems += (f"{out.args_source}: {what} of {out.name} ({sorted(names)[:5]})",)
+    out.problems += (f"{out.args_source}: {what} of {out.name} ({sorted(names, key=str)[:5]})",)
 
 def _read_messages(out: NormalisedSpan, a: Mapping[str, Any]) -> None:
     outputs = flattened(a, "llm.output_messages.")
