@@ -14,27 +14,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_normalise import span
 
 from otel_plumb.assemble import build_trajectory
 from otel_plumb.model import SpanEvent, SpanRecord
 from otel_plumb.normalise import normalise
-
-
-def span(attributes=None, *, name="s", scope="", events=None, status=0, message="", resource=None, parent=None):
-    return SpanRecord(
-        "t1",
-        "a1",
-        parent,
-        name,
-        start_ns=1,
-        end_ns=2,
-        status_code=status,
-        status_message=message,
-        attributes=attributes or {},
-        events=events or [],
-        resource=resource or {},
-        scope_name=scope,
-    )
 
 
 def check(normalised: list[Any]) -> None:
