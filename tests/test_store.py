@@ -351,3 +351,32 @@ def test_replay_and_campaign_runs_write_to_the_same_store(tmp_path: Path) -> Non
     (stored,) = store.find(Filters(source="campaign", run_id="run-1"))[0]
     assert stored["trial_id"] == "t-1" and store.trial("run-1", "t-1") is not None
     store.close()
+
+
+def test_records_json_cannot_hold_are_stored_as_text_with_their_batch(tmp_path: Path) -> None:
+    """A tool's arguments may hold what orjson refuses: a 30-digit number, a Python repr's int
+    keys, nesting 300 deep, a lone surrogate. Such a record is stored with those values as text,
+    and the records offered with it are not lost."""
+    deep: Any = "bottom"
+    for _ in range(300):
+        deep = [deep]
+    odd = {"trace_id": "odd", "status": "violating", "verdicts": [],
+           "steps": [{"args": {"amount": 10**30, "ids": {7: "x"}, "deep": deep, "to": "\ud800@x.org"}}]}  # fmt: skip
+    plain = [{"trace_id": f"t{i}", "status": "conformant", "verdicts": []} for i in range(2)]
+    outcomes, count = _counter()
+    writer = StoreWriter(StoreConfig(path=str(tmp_path / "t.sqlite")), count)
+    writer.start()
+    assert writer.offer([plain[0], odd, plain[1]]) == 3
+    writer.stop()
+    assert outcomes.get("written") == 3, outcomes
+    reader = TrajectoryStore(tmp_path / "t.sqlite", readonly=True)
+    stored = reader.get("odd")
+    assert stored is not None
+    args = stored["steps"][0]["args"]
+    assert args["amount"] == str(10**30) and args["ids"] == {"7": "x"} and args["to"] == "\\ud800@x.org"
+    nested = args["deep"]
+    while isinstance(nested, list):
+        nested = nested[0]
+    assert isinstance(nested, str) and json.loads(nested) is not None and "bottom" in nested  # the deepest, as text
+    assert {r["trace_id"] for r in reader.find(Filters())[0]} == {"odd", "t0", "t1"}
+    reader.close()

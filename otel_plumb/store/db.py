@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import heapq
+import json
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -26,6 +27,7 @@ import orjson
 import zstandard
 
 from otel_plumb.model import SEVERITIES
+from otel_plumb.model.text import valid_text
 
 SOURCES = ("live", "replay", "campaign")
 
@@ -58,6 +60,39 @@ CREATE INDEX IF NOT EXISTS verdicts_by_trajectory ON decided_verdicts (decided_i
 # stored uncompressed by earlier versions still read: JSON never starts with zstd's magic.
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _ZSTD_LEVEL = 1
+
+
+# orjson writes str keys, integers of up to 64 bits and 254 levels of nesting. A record past
+# these (a tool's arguments holding a 30-digit number, a Python repr's int keys, JSON nested 300
+# deep, text that is no Unicode) is written with such integers and keys as text and the deepest values as their JSON
+# text, rather than refused with the whole batch it came in.
+_MAX_NESTING = 200
+_INT_MIN, _UINT_MAX = -(1 << 63), (1 << 64) - 1
+
+
+def record_json(value: Any) -> bytes:
+    """The JSON of a record (or a list of them), as stored."""
+    try:
+        return orjson.dumps(value, default=str)
+    except TypeError:  # orjson.JSONEncodeError
+        return orjson.dumps(_storable(value, 0), default=str)
+
+
+def _storable(value: Any, depth: int) -> Any:
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, bool) or not isinstance(value, int | dict | list | tuple):
+        return value
+    if isinstance(value, int):
+        return value if _INT_MIN <= value <= _UINT_MAX else str(value)
+    if depth >= _MAX_NESTING:
+        try:
+            return json.dumps(value, default=str)
+        except (ValueError, RecursionError):
+            return "[nested too deep]"
+    if isinstance(value, dict):
+        return {valid_text(k) if isinstance(k, str) else str(k): _storable(v, depth + 1) for k, v in value.items()}
+    return [_storable(v, depth + 1) for v in value]
 
 
 def _unpack(blob: bytes) -> dict[str, Any]:
@@ -151,7 +186,7 @@ class TrajectoryStore:
             return
         at = time.time() if decided_at is None else decided_at
         db = self.db
-        blobs = self._compress([orjson.dumps(r, default=str) for r in records])
+        blobs = self._compress([record_json(r) for r in records])
         with self._transaction():
             if run_id is not None:  # a trial stored again (a resumed run) replaces its row
                 for trial in {r.get("trial_id") for r in records} - {None}:

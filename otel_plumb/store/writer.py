@@ -34,7 +34,7 @@ from typing import IO, Any
 import orjson
 
 from otel_plumb.store.config import StoreConfig
-from otel_plumb.store.db import TrajectoryStore
+from otel_plumb.store.db import TrajectoryStore, record_json
 
 log = logging.getLogger("otel_plumb.store")
 
@@ -91,7 +91,7 @@ class StoreWriter:
             taken = max(0, min(len(records), self._capacity - self._pending))
             self._pending += taken
         if taken:
-            self._frames.put((orjson.dumps(records[:taken], default=str), taken))
+            self._frames.put((record_json(records[:taken]), taken))
         if taken < len(records):
             self._outcome("dropped", len(records) - taken)
         return taken
