@@ -131,3 +131,28 @@ async def test_cancelled_watch_unsubscribes(served: Any) -> None:
     async with asyncio.timeout(DEADLINE):
         while hub._subscribers:
             await asyncio.sleep(0.01)
+
+
+async def test_a_trajectory_with_odd_arguments_does_not_break_the_stream(served: Any) -> None:
+    """Arguments a ``google.protobuf.Value`` cannot hold as they are (int keys from a Python
+    repr, an integer past a double, nesting deeper than a client's protobuf runtime reads) go
+    as text; the subscriber gets that trajectory and the next."""
+    hub, stub = served
+    call = await _watch(stub)
+    deep: Any = "bottom"
+    for _ in range(60):
+        deep = {"a": deep}
+    odd = _record(1, "support", "payments", "fail")
+    odd["steps"][0]["args"] = {"ids": {7: "x"}, "huge": 10**400, "deep": deep}
+    hub.publish(odd)
+    hub.publish(_record(2, "support", "payments", "pass"))
+    first = await asyncio.wait_for(call.read(), DEADLINE)
+    second = await asyncio.wait_for(call.read(), DEADLINE)
+    assert [first.trace_id, second.trace_id] == [f"{1:032x}", f"{2:032x}"]
+    args = first.steps[0].args.struct_value
+    assert args["ids"]["7"] == "x" and args["huge"] == str(10**400)
+    nested = args["deep"]
+    for _ in range(15):
+        nested = nested["a"]
+    assert isinstance(nested, str) and "bottom" in nested  # below 16 levels: the JSON text
+    call.cancel()
