@@ -9,6 +9,7 @@ each lone surrogate as its escape text (``\\ud800``), keeping what was sent visi
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -58,3 +59,26 @@ def repair_lone_surrogates(value: Any) -> Any:
                 elif isinstance(item, (list, dict)):
                     stack.append(item)
     return value
+
+
+def within_limits(value: Any, max_depth: int, max_int: int) -> Any:
+    """A JSON-like value as an output with these limits can hold it: ``valid_text`` strings,
+    keys as text, integers beyond ``max_int`` either way as their digits, and below
+    ``max_depth`` levels each value as its JSON text. Lists and objects are copies."""
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, bool) or not isinstance(value, int | dict | list | tuple):
+        return value
+    if isinstance(value, int):
+        return value if -max_int <= value <= max_int else str(value)
+    if max_depth <= 0:
+        try:
+            return json.dumps(value, default=str)
+        except (ValueError, RecursionError):
+            return "[nested too deep]"
+    if isinstance(value, dict):
+        return {
+            valid_text(k) if isinstance(k, str) else str(k): within_limits(v, max_depth - 1, max_int)
+            for k, v in value.items()
+        }
+    return [within_limits(v, max_depth - 1, max_int) for v in value]

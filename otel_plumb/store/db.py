@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import heapq
-import json
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -27,7 +26,7 @@ import orjson
 import zstandard
 
 from otel_plumb.model import SEVERITIES
-from otel_plumb.model.text import valid_text
+from otel_plumb.model.text import within_limits
 
 SOURCES = ("live", "replay", "campaign")
 
@@ -62,12 +61,13 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _ZSTD_LEVEL = 1
 
 
-# orjson writes str keys, integers of up to 64 bits and 254 levels of nesting. A record past
-# these (a tool's arguments holding a 30-digit number, a Python repr's int keys, JSON nested 300
-# deep, text that is no Unicode) is written with such integers and keys as text and the deepest values as their JSON
-# text, rather than refused with the whole batch it came in.
+# orjson writes str keys, integers of 64 bits and 254 levels of nesting. A record past these (a
+# tool's arguments holding a 30-digit number, a Python repr's int keys, JSON nested 300 deep,
+# text that is no Unicode) is written with such integers and keys as text and the deepest
+# values as their JSON text (``model.text.within_limits``), rather than refused with the whole
+# batch it came in.
 _MAX_NESTING = 200
-_INT_MIN, _UINT_MAX = -(1 << 63), (1 << 64) - 1
+_INT_MAX = (1 << 63) - 1
 
 
 def record_json(value: Any) -> bytes:
@@ -75,24 +75,7 @@ def record_json(value: Any) -> bytes:
     try:
         return orjson.dumps(value, default=str)
     except TypeError:  # orjson.JSONEncodeError
-        return orjson.dumps(_storable(value, 0), default=str)
-
-
-def _storable(value: Any, depth: int) -> Any:
-    if isinstance(value, str):
-        return valid_text(value)
-    if isinstance(value, bool) or not isinstance(value, int | dict | list | tuple):
-        return value
-    if isinstance(value, int):
-        return value if _INT_MIN <= value <= _UINT_MAX else str(value)
-    if depth >= _MAX_NESTING:
-        try:
-            return json.dumps(value, default=str)
-        except (ValueError, RecursionError):
-            return "[nested too deep]"
-    if isinstance(value, dict):
-        return {valid_text(k) if isinstance(k, str) else str(k): _storable(v, depth + 1) for k, v in value.items()}
-    return [_storable(v, depth + 1) for v in value]
+        return orjson.dumps(within_limits(value, _MAX_NESTING, _INT_MAX), default=str)
 
 
 def _unpack(blob: bytes) -> dict[str, Any]:

@@ -9,7 +9,6 @@ names are the same, and free-form values (args, result, expected, got) become
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -17,6 +16,7 @@ import grpc
 from google.protobuf import struct_pb2
 from google.protobuf.message import Message
 
+from otel_plumb.model.text import within_limits
 from otel_plumb.proto_gen import trajectory_pb2, watch_pb2, watch_pb2_grpc
 from otel_plumb.watch.hub import Record, VerdictHub
 
@@ -70,30 +70,15 @@ def _fill(message: Message, record: Record) -> None:
 
 
 # JSON levels of a value sent as it is: each is about three protobuf levels (Value, Struct, map
-# entry), and a client's protobuf runtime refuses a message nested past 100. Deeper values go
-# as their JSON text, so one trajectory with odd arguments cannot break a subscriber's stream.
+# entry), and a client's protobuf runtime refuses a message nested past 100. What a Value
+# cannot hold as it is (non-string keys, an integer past a double, deeper levels) goes as text
+# (``model.text.within_limits``), so one trajectory with odd arguments cannot break a stream.
 _MAX_VALUE_DEPTH = 16
+_MAX_DOUBLE_INT = 2**1023
 
 
 def _set_value(target: struct_pb2.Value, value: Any) -> None:
-    _set_json(target, _sendable(value, 0))
-
-
-def _sendable(value: Any, depth: int) -> Any:
-    """``value`` as a ``google.protobuf.Value`` can hold it: string keys, numbers a double can
-    hold (a longer integer as its digits), at most ``_MAX_VALUE_DEPTH`` levels (below, JSON text)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value if -(2**1023) < value < 2**1023 else str(value)
-    if not isinstance(value, dict | list | tuple):
-        return value
-    if depth >= _MAX_VALUE_DEPTH:
-        try:
-            return json.dumps(value, default=str)
-        except (ValueError, RecursionError):
-            return "[nested too deep]"
-    if isinstance(value, dict):
-        return {k if isinstance(k, str) else str(k): _sendable(v, depth + 1) for k, v in value.items()}
-    return [_sendable(v, depth + 1) for v in value]
+    _set_json(target, within_limits(value, _MAX_VALUE_DEPTH, _MAX_DOUBLE_INT))
 
 
 def _set_json(target: struct_pb2.Value, value: Any) -> None:
