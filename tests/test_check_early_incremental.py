@@ -176,3 +176,21 @@ def test_in_end_order_any_split_reports_the_failures_of_one_delivery(
     # flight stands), and counting the same spans in any split gives the same counters
     assert once <= reported
     assert watch.may_fail(state, set()) == watch.may_fail(whole, set())
+
+
+def test_a_requested_call_and_its_tool_span_count_once():
+    """A model asking for ``pay`` and the tool span that ran it are one call: with content
+    capture on every call arrives twice, and counting both would build the partial trajectory
+    again on every request of a trace that calls ``pay`` once (call_count max 1)."""
+    pay_once = next(p for p in POLICY_SETS if [i.id for i in p[0].invariants] == ["pay-once"])
+    watch = EarlyWatch(pay_once)
+    state = watch.state()
+    common = {"trace_id": "t", "convention": "test", "parent_span_id": "root"}
+    state.add(NormalisedSpan(span_id="m1", span_name="chat", start_ns=0, end_ns=10, kind="llm", name="chat",
+                             requested_calls=[RequestedCall("pay", {}, "captured", "c1")], **common))  # fmt: skip
+    assert not watch.may_fail(state, set())  # one requested call: at most one step
+    state.add(NormalisedSpan(span_id="p1", span_name="pay", start_ns=20, end_ns=30, kind="tool", name="pay",
+                             tool_call_id="c1", **common))  # fmt: skip
+    assert not watch.may_fail(state, set())  # the same call: the request is no step of its own now
+    state.add(NormalisedSpan(span_id="p2", span_name="pay", start_ns=40, end_ns=50, kind="tool", name="pay", **common))
+    assert watch.may_fail(state, set())  # a second call

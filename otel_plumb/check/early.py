@@ -12,7 +12,8 @@ O(N^2 / k).
 
 What ``may_fail`` says is a necessary condition of a fail, from what building a trajectory
 can do to the steps: it only ever removes tool calls (a tool that ran another agent becomes an
-``other`` step, a handoff an ``agent`` step, requested calls vanish once tool spans are in) and
+``other`` step, a handoff an ``agent`` step, and calls a model requested are steps of their own
+only in a trace with no tool span, so they are counted only while it has none) and
 model calls (one recorded twice counts once), and takes tokens away, so counts and totals over
 the spans bound those over the steps. Order is by start time, so for ``precedes`` a first
 successful ``then`` that starts no later than every successful ``first`` is necessary, unless
@@ -100,16 +101,25 @@ class EarlyState:
                     tool.asked += 1
                     tool.first_asked = min(tool.first_asked, span.end_ns)  # where a requested step sits
 
+    @property
+    def asked_are_steps(self) -> bool:
+        """Requested calls become steps only in a trace without tool spans (else they are
+        matched to those spans, or dropped as a problem): see ``build_trajectory``."""
+        return self.tool_spans == 0
+
     def ok(self, tools: ck.Tools) -> int:
         """Successful and requested calls of ``tools``: at least the successful calls among the steps."""
-        return sum(t.ok + t.asked for name, t in self.tools.items() if name in tools)
+        asked = self.asked_are_steps
+        return sum(t.ok + (t.asked if asked else 0) for name, t in self.tools.items() if name in tools)
 
     def tried(self, tools: ck.Tools) -> int:
-        return sum(t.tried + t.asked for name, t in self.tools.items() if name in tools)
+        asked = self.asked_are_steps
+        return sum(t.tried + (t.asked if asked else 0) for name, t in self.tools.items() if name in tools)
 
     def first_ok(self, tools: ck.Tools, *, requested: bool) -> int:
+        asked = requested and self.asked_are_steps
         return min(
-            (min(t.first_ok, t.first_asked) if requested else t.first_ok for n, t in self.tools.items() if n in tools),
+            (min(t.first_ok, t.first_asked) if asked else t.first_ok for n, t in self.tools.items() if n in tools),
             default=_NEVER,
         )
 
@@ -175,10 +185,11 @@ def _may_fail(rule: _Rule, s: EarlyState) -> bool:
 
 
 def _over(name: str, limit: float, s: EarlyState) -> bool:
+    requested = s.requested if s.asked_are_steps else 0
     if name == "max_steps":
-        return s.spans + s.requested > limit
+        return s.spans + requested > limit
     if name == "max_tool_calls":
-        return s.tool_spans + s.requested > limit
+        return s.tool_spans + requested > limit
     if name == "max_llm_calls":
         return s.llm_spans > limit
     if name == "max_tool_errors":
