@@ -69,3 +69,41 @@ def test_filter_and_map_over_the_steps_give_what_the_binding_gives(source: str, 
     expression = Expression(source, ("steps", "ctx"))
     activation = {"steps": steps, "ctx": {"limit": limit}}
     assert _linear(expression, activation) == _direct(source, activation)
+
+
+# Bodies decided in Python (a field compared with a literal, joined by && or by ||), over step
+# maps whose fields hold every type a step map can: each step the predicate cannot decide
+# exactly goes to the binding, so the result is the binding's.
+literals = st.sampled_from(["'tool'", '"pay"', "''", "3", "-1", "0", "true", "false", "9223372036854775807"])
+comparisons = st.tuples(st.sampled_from(["kind", "name", "tokens", "flag", "absent"]), st.sampled_from(["==", "!="]),
+                        literals)  # fmt: skip
+any_values = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**64), 2**64), st.floats(allow_nan=False), st.sampled_from(["tool", "pay", ""]),
+    st.text(max_size=3), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+)  # fmt: skip
+loose_steps = st.lists(
+    st.dictionaries(st.sampled_from(["kind", "name", "tokens", "flag"]), any_values, max_size=4), max_size=8
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(comparisons, min_size=1, max_size=3), st.sampled_from([" && ", " || "]), loose_steps)
+def test_bodies_decided_in_python_give_what_the_binding_gives(
+    parts: list[tuple[str, str, str]], join: str, steps: list[Any]
+) -> None:
+    body = join.join(f"s.{field} {op} {literal}" for field, op, literal in parts)
+    source = f"size(steps.filter(s, {body})) >= 1"
+    expression = Expression(source, ("steps",))
+    assert expression._native[0].predicate is not None
+    activation = {"steps": steps}
+    assert _linear(expression, activation) == _direct(source, activation)
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["s.kind == 'a' && s.name == 'b' || s.x == 1", "s.kind == 'a\\'b'", "s.n == 1.0", "s.n == 1u", "t.kind == 'a'",
+     "s.kind in ['a']", "(s.kind == 'a')"],
+)  # fmt: skip
+def test_other_bodies_go_to_the_binding(body: str) -> None:
+    expression = Expression(f"size(steps.filter(s, {body})) >= 0", ("steps", "t"))
+    assert all(n.predicate is None for n in expression._native)

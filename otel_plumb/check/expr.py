@@ -12,6 +12,11 @@ run once per step, and its result (or, under ``size(...)``, its length) bound to
 the rest of the expression. That is linear in the steps (about 8 µs a step). When the body fails
 on a step (a missing key, a predicate that is not a boolean) the whole expression runs in the
 binding as written, so errors and their short-circuiting are the library's own.
+
+The commonest bodies, a field compared with a literal (``s.kind == 'tool'``, joined by ``&&``
+or by ``||``), are decided in Python for a step whose fields hold the literal's exact type
+(about 0.3 µs a step instead of 6); any other step goes through the library, so the answer is
+always the library's.
 """
 
 from __future__ import annotations
@@ -377,11 +382,14 @@ class Expression:
             result: list[Any] = []
             try:
                 if n.macro == "filter":
+                    predicate = n.predicate
                     for element in steps:
-                        context[var] = element
-                        keep = run(context)
-                        if keep is not True and keep is not False:
-                            return None
+                        keep = predicate(element) if predicate is not None else None
+                        if keep is None:
+                            context[var] = element
+                            keep = run(context)
+                            if keep is not True and keep is not False:
+                                return None
                         if keep:
                             result.append(element)
                 else:
@@ -414,6 +422,69 @@ class _Native:
     variables: frozenset[str]
     name: str
     sized: bool
+    # The body decided in Python where it can be (see ``_predicate``), or None.
+    predicate: Callable[[Any], bool | None] | None
+
+
+# ``var.field == literal`` (or ``!=``): a string without escapes, an int, or a boolean.
+_COMPARISON = re.compile(
+    r"""\s*([A-Za-z_][A-Za-z0-9_]*)\s*\.\s*([A-Za-z_][A-Za-z0-9_]*)\s*(==|!=)\s*"""
+    r"""('[^'\\\n]*'|"[^"\\\n]*"|-?[0-9]+(?![0-9.eEuUxX])|true(?![A-Za-z0-9_])|false(?![A-Za-z0-9_]))\s*"""
+)
+_JOIN = re.compile(r"&&|\|\|")
+_MAX_INT64 = 2**63 - 1
+
+
+def _predicate(body: str, var: str) -> Callable[[Any], bool | None] | None:
+    """``body`` as a Python function of one step map, when it is comparisons of ``var``'s fields
+    with literals joined all by ``&&`` or all by ``||``: it returns None for a step it cannot
+    decide exactly as the library would (not a map, a field missing or of another type than
+    its literal), which the library then evaluates."""
+    comparisons: list[tuple[str, bool, object]] = []
+    joins: set[str] = set()
+    pos = 0
+    while True:
+        m = _COMPARISON.match(body, pos)
+        if m is None or m.group(1) != var:
+            return None
+        literal_text = m.group(4)
+        literal: object
+        if literal_text[0] in "'\"":
+            literal = literal_text[1:-1]
+        elif literal_text in ("true", "false"):
+            literal = literal_text == "true"
+        else:
+            literal = int(literal_text)  # within int64: the library refuses any other literal
+        comparisons.append((m.group(2), m.group(3) == "==", literal))
+        pos = m.end()
+        if pos == len(body):
+            break
+        join = _JOIN.match(body, pos)
+        if join is None:
+            return None
+        joins.add(join.group())
+        pos = join.end()
+    if len(joins) > 1:
+        return None  # mixed: precedence would matter
+    every = joins != {"||"}
+    missing = object()
+
+    def decide(step: Any) -> bool | None:
+        if type(step) is not dict:
+            return None
+        for key, equal, literal in comparisons:
+            value = step.get(key, missing)
+            if type(value) is not type(literal) or (type(value) is int and not -_MAX_INT64 - 1 <= value <= _MAX_INT64):
+                return None
+        for key, equal, literal in comparisons:
+            if (step[key] == literal) is equal:
+                if not every:
+                    return True
+            elif every:
+                return False
+        return every
+
+    return decide
 
 
 NATIVE_PREFIX = "__plumb_native_"
@@ -443,7 +514,7 @@ def _natives(
         name = f"{NATIVE_PREFIX}{len(natives)}"
         natives.append(
             _Native(node, node.macro, node.var, program, frozenset(names & set(allowed)) - {node.var}, name,
-                    node.sized is not None)
+                    node.sized is not None, _predicate(node.body, node.var) if node.macro == "filter" else None)
         )  # fmt: skip
         edits.append((*(node.sized or (node.start, node.end)), name))
     if not natives:
