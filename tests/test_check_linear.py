@@ -78,8 +78,9 @@ literals = st.sampled_from(["'tool'", '"pay"', "''", "3", "-1", "0", "true", "fa
 comparisons = st.tuples(st.sampled_from(["kind", "name", "tokens", "flag", "absent"]), st.sampled_from(["==", "!="]),
                         literals)  # fmt: skip
 any_values = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**64), 2**64), st.floats(allow_nan=False), st.sampled_from(["tool", "pay", ""]),
-    st.text(max_size=3), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+    st.none(), st.booleans(), st.integers(-(2**64), 2**64), st.floats(allow_nan=False),
+    st.sampled_from(["tool", "pay", ""]), st.text(max_size=3), st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
 )  # fmt: skip
 loose_steps = st.lists(
     st.dictionaries(st.sampled_from(["kind", "name", "tokens", "flag"]), any_values, max_size=4), max_size=8

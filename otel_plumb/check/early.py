@@ -24,7 +24,7 @@ agent span under another span, a ``first`` tool named like a handoff): then any 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from otel_plumb.check import checks as ck
@@ -107,30 +107,41 @@ class EarlyState:
         matched to those spans, or dropped as a problem): see ``build_trajectory``."""
         return self.tool_spans == 0
 
+    # Over the names a check watches (one or two), not the trace's tools.
     def ok(self, tools: ck.Tools) -> int:
         """Successful and requested calls of ``tools``: at least the successful calls among the steps."""
         asked = self.asked_are_steps
-        return sum(t.ok + (t.asked if asked else 0) for name, t in self.tools.items() if name in tools)
+        n = 0
+        for name in tools:
+            t = self.tools.get(name)
+            if t is not None:
+                n += t.ok + t.asked if asked else t.ok
+        return n
 
     def tried(self, tools: ck.Tools) -> int:
         asked = self.asked_are_steps
-        return sum(t.tried + (t.asked if asked else 0) for name, t in self.tools.items() if name in tools)
+        n = 0
+        for name in tools:
+            t = self.tools.get(name)
+            if t is not None:
+                n += t.tried + t.asked if asked else t.tried
+        return n
 
     def first_ok(self, tools: ck.Tools, *, requested: bool) -> int:
         asked = requested and self.asked_are_steps
-        return min(
-            (min(t.first_ok, t.first_asked) if asked else t.first_ok for n, t in self.tools.items() if n in tools),
-            default=_NEVER,
-        )
+        first = _NEVER
+        for name in tools:
+            t = self.tools.get(name)
+            if t is not None:
+                first = min(first, t.first_ok, t.first_asked) if asked else min(first, t.first_ok)
+        return first
 
 
 @dataclass(frozen=True, slots=True)
 class _Rule:
     key: tuple[str, str]  # (policy, invariant), as reported
     check: ck.Check
-    scoped: bool
-    # precedes only: a ``first`` tool is named like a handoff (its calls may become agent steps)
-    handoff_first: bool
+    may_fail: Callable[[EarlyState], bool]
 
 
 class EarlyWatch:
@@ -140,7 +151,7 @@ class EarlyWatch:
 
     def __init__(self, policies: Sequence[CompiledPolicy]) -> None:
         self.rules = [
-            _Rule((p.name, inv.id), inv.check, inv.scope is not None, _handoff_named(getattr(inv.check, "first", ())))
+            _Rule((p.name, inv.id), inv.check, _may_fail(inv.check, scoped=inv.scope is not None))
             for p in policies
             for inv in p.invariants
             if inv.early
@@ -157,7 +168,10 @@ class EarlyWatch:
 
     def may_fail(self, state: EarlyState, reported: set[tuple[str, str]] | frozenset[tuple[str, str]]) -> bool:
         """Can an early invariant not yet reported for the trace fail on what it holds now?"""
-        return any(rule.key not in reported and _may_fail(rule, state) for rule in self.rules)
+        for rule in self.rules:  # noqa: SIM110 (a loop: any() over a generator takes twice as long)
+            if rule.key not in reported and rule.may_fail(state):
+                return True
+        return False
 
 
 def _handoff_named(tools: frozenset[str] | tuple[()]) -> bool:
@@ -165,37 +179,47 @@ def _handoff_named(tools: frozenset[str] | tuple[()]) -> bool:
     return any(t in ("transfer_to_agent", "handoff_to_agent", "handoff") or t.startswith("transfer_to_") for t in tools)
 
 
-def _may_fail(rule: _Rule, s: EarlyState) -> bool:
-    check = rule.check
+def _may_fail(check: ck.Check, *, scoped: bool) -> Callable[[EarlyState], bool]:
+    """The necessary condition of a fail of ``check`` (see the module docstring), made once."""
     if isinstance(check, ck.NeverCall):
-        return (s.tried(check.tools) if check.attempts else s.ok(check.tools)) > 0
+        tools = check.tools
+        if check.attempts:
+            return lambda s: s.tried(tools) > 0
+        return lambda s: s.ok(tools) > 0
     if isinstance(check, ck.CallCount):
-        return check.high is not None and s.ok(check.tools) > check.high
+        high, tools = check.high, check.tools
+        if high is None:
+            return lambda s: False
+        return lambda s: s.ok(tools) > high
     if isinstance(check, ck.Precedes):
-        then = s.first_ok(check.then, requested=True)
-        if then == _NEVER:
-            return False
+        first, then = check.first, check.then
         # A scope cuts the ``first`` calls before its opening off; reordering may move them.
-        if rule.scoped or rule.handoff_first or s.reordered:
-            return True
-        return then <= s.first_ok(check.first, requested=False)
+        anywhere = scoped or _handoff_named(first)
+
+        def precedes(s: EarlyState) -> bool:
+            at = s.first_ok(then, requested=True)
+            if at == _NEVER:
+                return False
+            return anywhere or s.reordered or at <= s.first_ok(first, requested=False)
+
+        return precedes
     if isinstance(check, ck.Budget):
-        return any(_over(name, limit, s) for name, limit in check.limits.items())
-    return True  # a kind this does not know: check every time
+        over = [_over(name, limit) for name, limit in check.limits.items()]
+        return lambda s: any(o(s) for o in over)
+    return lambda s: True  # a kind this does not know: check every time
 
 
-def _over(name: str, limit: float, s: EarlyState) -> bool:
-    requested = s.requested if s.asked_are_steps else 0
+def _over(name: str, limit: float) -> Callable[[EarlyState], bool]:
     if name == "max_steps":
-        return s.spans + requested > limit
+        return lambda s: s.spans + (s.requested if s.asked_are_steps else 0) > limit
     if name == "max_tool_calls":
-        return s.tool_spans + requested > limit
+        return lambda s: s.tool_spans + (s.requested if s.asked_are_steps else 0) > limit
     if name == "max_llm_calls":
-        return s.llm_spans > limit
+        return lambda s: s.llm_spans > limit
     if name == "max_tool_errors":
-        return s.tool_errors > limit
+        return lambda s: s.tool_errors > limit
     if name == "max_duration_ms":
-        return s.spans > 0 and (s.end - s.start) / 1e6 > limit
+        return lambda s: s.spans > 0 and (s.end - s.start) / 1e6 > limit
     if name == "max_tokens":
-        return s.tokens > limit
-    return True
+        return lambda s: s.tokens > limit
+    return lambda s: True

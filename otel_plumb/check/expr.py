@@ -472,7 +472,7 @@ def _predicate(body: str, var: str) -> Callable[[Any], bool | None] | None:
     def decide(step: Any) -> bool | None:
         if type(step) is not dict:
             return None
-        for key, equal, literal in comparisons:
+        for key, _, literal in comparisons:
             value = step.get(key, missing)
             if type(value) is not type(literal) or (type(value) is int and not -_MAX_INT64 - 1 <= value <= _MAX_INT64):
                 return None
