@@ -155,7 +155,8 @@ def annotate(
     """
     failures = [v for v in verdicts if v.verdict == "fail"]
     root_id = trajectory.root_span_id
-    root = next((span for span in spans if span.span_id == root_id), None) if root_id else None
+    by_id = {span.span_id: span for span in spans}  # a trace's buffer holds each span id once
+    root = by_id.get(root_id) if root_id else None
     if root is None and spans:
         # No root received: the earliest span stands for the trajectory.
         root = min(spans, key=lambda s: s.start_ns)
@@ -163,7 +164,6 @@ def annotate(
         root.add(trajectory_attributes(status, policies, failures))
     if not failures:
         return
-    by_id = {span.span_id: span for span in spans}
     offending: dict[int, tuple[Forwarded, list[Verdict]]] = {}
     for v in failures:
         span = by_id.get(v.span_id or "") or root
@@ -295,7 +295,15 @@ def build_requests(spans: Iterable[Forwarded], max_spans: int) -> list[tuple[Exp
 _TAG_1, _TAG_2, _TAG_3 = b"\x0a", b"\x12", b"\x1a"
 
 
+# Lengths and small ints under 2^14, the usual case, written without a loop.
+_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
+
+
 def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return _ONE_BYTE[n]
+    if n < 0x4000:
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -401,9 +409,29 @@ def _utf8(text: str) -> bytes:
     return text.encode("utf-8", "backslashreplace")
 
 
+# Encoded key-values of short scalar values (names, verdicts, severities, counts: most of what
+# annotations repeat from trajectory to trajectory), bounded: cleared when full.
+_KEY_VALUES: dict[tuple[str, type, str | int | float], bytes] = {}
+_KEY_VALUES_MAX = 4096
+_CACHED_CHARS = 64
+
+
 def _key_value(key: str, value: Any) -> bytes:
+    kind = type(value)
+    cacheable = kind is bool or kind is int or (kind is str and len(value) <= _CACHED_CHARS)
+    if cacheable:
+        # The type is part of the key: True == 1, and their encodings differ.
+        cached = _KEY_VALUES.get((key, kind, value))
+        if cached is not None:
+            return cached
     encoded = _field(_TAG_2, _any_value(value))
-    return _field(_TAG_1, _utf8(key)) + encoded if key else encoded
+    if key:
+        encoded = _field(_TAG_1, _utf8(key)) + encoded
+    if cacheable:
+        if len(_KEY_VALUES) >= _KEY_VALUES_MAX:
+            _KEY_VALUES.clear()
+        _KEY_VALUES[(key, kind, value)] = encoded
+    return encoded
 
 
 def _any_value(v: Any) -> bytes:
