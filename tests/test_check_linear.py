@@ -27,6 +27,13 @@ EXPRESSIONS = [
     # a predicate that is not a boolean
     "size(steps.filter(s, s.name)) > 0",
     "size(steps.filter(s, s.kind == 'tool')) + size(steps.filter(s, s.kind == 'llm')) == size(steps)",
+    # exists and all, decided by the first step that decides, errors before it included
+    "steps.exists(s, s.kind == 'tool' && s.error == null)",
+    "steps.all(s, s.kind != 'agent') && ctx.limit >= 0",
+    "steps.exists(s, s.tokens > 10)",
+    "steps.all(s, s.tokens < 30)",
+    "!steps.exists(s, s.name == 'refund') || steps.all(s, s.error == null)",
+    "steps.exists(s, s.name)",
 ]
 
 step_maps = st.lists(
@@ -74,7 +81,7 @@ def test_filter_and_map_over_the_steps_give_what_the_binding_gives(source: str, 
 # Bodies decided in Python (a field compared with a literal, joined by && or by ||), over step
 # maps whose fields hold every type a step map can: each step the predicate cannot decide
 # exactly goes to the binding, so the result is the binding's.
-literals = st.sampled_from(["'tool'", '"pay"', "''", "3", "-1", "0", "true", "false", "9223372036854775807"])
+literals = st.sampled_from(["'tool'", '"pay"', "''", "3", "-1", "0", "true", "false", "null", "9223372036854775807"])
 comparisons = st.tuples(st.sampled_from(["kind", "name", "tokens", "flag", "absent"]), st.sampled_from(["==", "!="]),
                         literals)  # fmt: skip
 any_values = st.one_of(
@@ -87,13 +94,16 @@ loose_steps = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(comparisons, min_size=1, max_size=3), st.sampled_from([" && ", " || "]), loose_steps)
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(comparisons, min_size=1, max_size=3), st.sampled_from([" && ", " || "]), loose_steps,
+    st.sampled_from(["size(steps.filter(s, {})) >= 1", "steps.exists(s, {})", "steps.all(s, {})"]),
+)  # fmt: skip
 def test_bodies_decided_in_python_give_what_the_binding_gives(
-    parts: list[tuple[str, str, str]], join: str, steps: list[Any]
+    parts: list[tuple[str, str, str]], join: str, steps: list[Any], template: str
 ) -> None:
     body = join.join(f"s.{field} {op} {literal}" for field, op, literal in parts)
-    source = f"size(steps.filter(s, {body})) >= 1"
+    source = template.format(body)
     expression = Expression(source, ("steps",))
     assert expression._native[0].predicate is not None
     activation = {"steps": steps}

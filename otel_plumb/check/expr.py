@@ -6,17 +6,19 @@ refused when the policy loads, not discovered on the first trajectory.
 
 Cost: the binding converts every value of the activation on each evaluation (linear in the
 steps), and its ``filter`` and ``map`` copy their growing result at each element (quadratic:
-3.3 s for a ``filter`` over 5,000 steps). So a ``steps.filter(x, p)`` or ``steps.map(x, e)``
-outside any other comprehension is evaluated here instead: its body is compiled on its own and
-run once per step, and its result (or, under ``size(...)``, its length) bound to a variable of
-the rest of the expression. That is linear in the steps (about 8 µs a step). When the body fails
-on a step (a missing key, a predicate that is not a boolean) the whole expression runs in the
-binding as written, so errors and their short-circuiting are the library's own.
+3.3 s for a ``filter`` over 5,000 steps). So ``steps.filter(x, p)``, ``steps.map(x, e)``,
+``steps.exists(x, p)`` and ``steps.all(x, p)`` outside any other comprehension are evaluated
+here instead: the body is compiled on its own and run once per step (for ``exists`` and
+``all``, in order up to the first step that decides, as the binding does), and the result
+(or, under ``size(...)``, its length) bound to a variable of the rest of the expression. That is
+linear in the steps (about 8 µs a step). When the body fails on a step (a missing key, a
+predicate that is not a boolean) the whole expression runs in the binding as written, so
+errors and their short-circuiting are the library's own.
 
-The commonest bodies, a field compared with a literal (``s.kind == 'tool'``, joined by ``&&``
-or by ``||``), are decided in Python for a step whose fields hold the literal's exact type
-(about 0.3 µs a step instead of 6); any other step goes through the library, so the answer is
-always the library's.
+The commonest bodies, a field compared with a literal (``s.kind == 'tool'``, ``s.error ==
+null``, joined by ``&&`` or by ``||``), are decided in Python for a step whose fields hold the
+literal's type (or, against null, a string, boolean or int): about 0.3 µs a step instead of 6.
+Any other step goes through the library, so the answer is always the library's.
 """
 
 from __future__ import annotations
@@ -392,10 +394,26 @@ class Expression:
                                 return None
                         if keep:
                             result.append(element)
-                else:
+                elif n.macro == "map":
                     for element in steps:
                         context[var] = element
                         result.append(run(context))
+                else:  # exists, all: in order, up to the first step that decides, as the binding goes
+                    decisive = n.macro == "exists"
+                    predicate = n.predicate
+                    found = False
+                    for element in steps:
+                        keep = predicate(element) if predicate is not None else None
+                        if keep is None:
+                            context[var] = element
+                            keep = run(context)
+                            if keep is not True and keep is not False:
+                                return None
+                        if keep is decisive:
+                            found = True
+                            break
+                    out[n.name] = found if decisive else not found
+                    continue
             except Exception:  # any failure: the binding decides what it means, short-circuits included
                 return None
             out[n.name] = len(result) if n.sized else result
@@ -426,12 +444,13 @@ class _Native:
     predicate: Callable[[Any], bool | None] | None
 
 
-# ``var.field == literal`` (or ``!=``): a string without escapes, an int, or a boolean.
+# ``var.field == literal`` (or ``!=``): a string without escapes, an int, a boolean or null.
 _COMPARISON = re.compile(
     r"""\s*([A-Za-z_][A-Za-z0-9_]*)\s*\.\s*([A-Za-z_][A-Za-z0-9_]*)\s*(==|!=)\s*"""
-    r"""('[^'\\\n]*'|"[^"\\\n]*"|-?[0-9]+(?![0-9.eEuUxX])|true(?![A-Za-z0-9_])|false(?![A-Za-z0-9_]))\s*"""
+    r"""('[^'\\\n]*'|"[^"\\\n]*"|-?[0-9]+(?![0-9.eEuUxX])|(?:true|false|null)(?![A-Za-z0-9_]))\s*"""
 )
 _JOIN = re.compile(r"&&|\|\|")
+_NULL_COMPARABLE = (str, bool, int)
 _MAX_INT64 = 2**63 - 1
 
 
@@ -453,6 +472,8 @@ def _predicate(body: str, var: str) -> Callable[[Any], bool | None] | None:
             literal = literal_text[1:-1]
         elif literal_text in ("true", "false"):
             literal = literal_text == "true"
+        elif literal_text == "null":
+            literal = None
         else:
             literal = int(literal_text)  # within int64: the library refuses any other literal
         comparisons.append((m.group(2), m.group(3) == "==", literal))
@@ -474,7 +495,12 @@ def _predicate(body: str, var: str) -> Callable[[Any], bool | None] | None:
             return None
         for key, _, literal in comparisons:
             value = step.get(key, missing)
-            if type(value) is not type(literal) or (type(value) is int and not -_MAX_INT64 - 1 <= value <= _MAX_INT64):
+            kind = type(value)
+            if kind is int and not -_MAX_INT64 - 1 <= value <= _MAX_INT64:
+                return None
+            # null equals only null; a string, boolean or int is unequal to it (and to nothing else
+            # of another type is it compared here)
+            if kind is not type(literal) and (literal is not None or kind not in _NULL_COMPARABLE):
                 return None
         for key, equal, literal in comparisons:
             if (step[key] == literal) is equal:
@@ -488,6 +514,7 @@ def _predicate(body: str, var: str) -> Callable[[Any], bool | None] | None:
 
 
 NATIVE_PREFIX = "__plumb_native_"
+_NATIVE_MACROS = frozenset({"filter", "map", "exists", "all"})
 
 
 def _natives(
@@ -502,8 +529,10 @@ def _natives(
     if NATIVE_PREFIX in source:
         return [], None
     for node in nodes:
-        if node.macro not in ("filter", "map") or node.range_text != "steps" or node.var is None or node.body is None:
+        if node.macro not in _NATIVE_MACROS or node.range_text != "steps" or node.var is None or node.body is None:
             continue
+        if node.sized is not None and node.macro not in ("filter", "map"):
+            continue  # the size of a boolean: the binding's error to give
         try:
             program = cel.compile(node.body)
         except ValueError:
@@ -514,7 +543,7 @@ def _natives(
         name = f"{NATIVE_PREFIX}{len(natives)}"
         natives.append(
             _Native(node, node.macro, node.var, program, frozenset(names & set(allowed)) - {node.var}, name,
-                    node.sized is not None, _predicate(node.body, node.var) if node.macro == "filter" else None)
+                    node.sized is not None, _predicate(node.body, node.var) if node.macro != "map" else None)
         )  # fmt: skip
         edits.append((*(node.sized or (node.start, node.end)), name))
     if not natives:
