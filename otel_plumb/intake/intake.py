@@ -51,6 +51,9 @@ class Source:
         self.unreadable: str | None = None
 
 
+_COUNTED = {outcome: outcome.value for outcome in AddOutcome}
+
+
 @dataclass(slots=True)
 class IntakeCounts:
     """Spans by what happened to them (duplicates are not lost: the first copy went on)."""
@@ -63,7 +66,7 @@ class IntakeCounts:
     unreadable: int = 0
 
     def count(self, outcome: AddOutcome) -> None:
-        name = outcome.value
+        name = _COUNTED[outcome]  # not outcome.value: an enum's property costs more than the rest
         setattr(self, name, getattr(self, name) + 1)
 
 

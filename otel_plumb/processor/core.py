@@ -512,6 +512,9 @@ class Processor:
         tenant = auth.TENANT.get()
         records, wires, origin_wires = _request_spans(request, raw, tenant)
         origins = _origins(origin_wires)
+        last_arrival, rooted, early_state, new_state = (
+            self._last_arrival, self._rooted, self._early_state, self._early_watch.state
+        )  # fmt: skip
         for record, (body, trace_id, origin_index) in zip(records, wires, strict=True):
             span_id = record.span_id
             if len(trace_id) != 16 or len(span_id) != 16:
@@ -538,14 +541,14 @@ class Processor:
                 taken += 1
                 assert normalised is not None
                 tid = normalised.trace_id  # the trace's one string
-                self._last_arrival[tid] = now
+                last_arrival[tid] = now
                 if normalised.parent_span_id is None:
-                    self._rooted.add(tid)
+                    rooted.add(tid)
                 if early_checks:
                     touched[tid] = touched.get(tid, False) or normalised.kind != "other"
-                    state = self._early_state.get(tid)
+                    state = early_state.get(tid)
                     if state is None:
-                        state = self._early_state[tid] = self._early_watch.state()
+                        state = early_state[tid] = new_state()
                     state.add(normalised)
             elif outcome is AddOutcome.DUPLICATE or outcome is AddOutcome.CONFLICTING_DUPLICATE:
                 # Not lost: the first copy went on. Neither a second step nor sent twice.
