@@ -348,8 +348,8 @@ def main() -> None:
         print(f"check, 10 invariants, {name:<11}: {t:7.2f} s  {n_total / t:9.0f} trajectories/s  "
               f"{verdicts[name] / t:9.0f} verdicts/s  ({fails[name]} fails)   "
               f"checking/normalising = {t / t_norm:.2f}")  # fmt: skip
-    print(f"CEL compiles: {compiled_at_load} at load (each expression, and the comprehension bodies evaluated per step), {compiles - compiled_at_load} while "
-          f"checking {n_total} trajectories")  # fmt: skip
+    print(f"CEL compiles: {compiled_at_load} at load (each expression, and the comprehension bodies evaluated "
+          f"per step), {compiles - compiled_at_load} while checking {n_total} trajectories")  # fmt: skip
 
 
 if __name__ == "__main__":

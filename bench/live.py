@@ -360,16 +360,24 @@ async def noop_seconds(requests: list[tuple[bytes, list[bytes]]], concurrency: i
     return seconds
 
 
-def start_processor(tmp: Path, config: str) -> tuple[subprocess.Popen[bytes], int, int]:
-    """``otel-plumb run`` on POLICY and ``config`` (both written to ``tmp``): the process, its
-    OTLP/gRPC port and its metrics port."""
+def start_processor(tmp: Path, config: str, timeout: float = 60) -> tuple[subprocess.Popen[bytes], int, int]:
+    """``otel-plumb run`` on POLICY and ``config`` (both written to ``tmp``), once ready: the
+    process, its OTLP/gRPC port and its metrics port. A port picked free can be taken before the
+    process binds it (the machine is shared): then it exits, and is started on other ports."""
     (tmp / "policy.yaml").write_text(POLICY)
     (tmp / "config.yaml").write_text(config)
-    grpc_port, metrics_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "otel_plumb", "run", "--config", str(tmp / "config.yaml"),
-           "--policy", str(tmp / "policy.yaml"), "--grpc", f"127.0.0.1:{grpc_port}", "--http", "127.0.0.1:0",
-           "--metrics", f"127.0.0.1:{metrics_port}"]  # fmt: skip
-    return subprocess.Popen(cmd), grpc_port, metrics_port
+    for attempt in range(3):
+        grpc_port, metrics_port = free_port(), free_port()
+        cmd = [sys.executable, "-m", "otel_plumb", "run", "--config", str(tmp / "config.yaml"),
+               "--policy", str(tmp / "policy.yaml"), "--grpc", f"127.0.0.1:{grpc_port}", "--http", "127.0.0.1:0",
+               "--metrics", f"127.0.0.1:{metrics_port}"]  # fmt: skip
+        proc = subprocess.Popen(cmd)
+        if wait_ready(metrics_port, timeout, proc):
+            return proc, grpc_port, metrics_port
+        if attempt == 2 or proc.returncode is None:
+            proc.kill()
+            raise RuntimeError("otel-plumb run did not become ready")
+    raise AssertionError("unreachable")
 
 
 async def stop_processor(proc: subprocess.Popen[bytes], sink: Sink) -> None:
@@ -391,13 +399,12 @@ async def main(args: argparse.Namespace) -> None:
     sink = Sink()
     sink_port = await sink.start()
     tmp = Path(tempfile.mkdtemp(prefix="otel-plumb-bench-"))
-    proc, grpc_port, metrics_port = start_processor(tmp, (
+    proc, grpc_port, metrics_port = await asyncio.to_thread(start_processor, tmp, (
         f"assembly: {{idle_timeout: {IDLE_TIMEOUT}, tick: 50ms}}\n"
         f"exporters: {{otlp: {{endpoint: 'grpc://127.0.0.1:{sink_port}', state_dir: '{tmp / 'state'}'}}}}\n"
         "logging: {level: warning}\n"
-    ))
+    ), 30)
     try:
-        await asyncio.to_thread(wait_ready, metrics_port, 30)
         start = time.monotonic()
         # CPU seconds of the load generator (this process: sender and sink) and of the processor,
         # to show whether the sender, which shares the cores, holds the processor back.
@@ -465,16 +472,15 @@ async def run_point(
     sink = Sink()
     sink_port = await sink.start()
     tmp = Path(tempfile.mkdtemp(prefix="otel-plumb-bench-"))
-    proc, grpc_port, metrics_port = start_processor(tmp, (
+    proc, grpc_port, metrics_port = await asyncio.to_thread(start_processor, tmp, (
         "receivers: {max_message_mib: 256, max_buffered_spans: 10000000}\n"
         f"assembly: {{idle_timeout: {IDLE_TIMEOUT}, tick: 50ms, max_traces: 200000, max_spans_per_trace: 20000, "
         "max_buffered_bytes: 16GiB}\n"
         f"exporters: {{otlp: {{endpoint: 'grpc://127.0.0.1:{sink_port}', state_dir: '{tmp / 'state'}', "
         "queue: {max_spans: 10000000, max_bytes: 16GiB}}}\n"
         "logging: {level: warning}\n"
-    ))
+    ), 60)
     try:
-        await asyncio.to_thread(wait_ready, metrics_port, 60)
         ready_kib = rss_kib(proc.pid)
         start = time.monotonic()
         proc_cpu = cpu_seconds(proc.pid)
@@ -590,20 +596,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_ready(port: int, timeout: float) -> None:
+def wait_ready(port: int, timeout: float, proc: subprocess.Popen[bytes]) -> bool:
+    """Whether ``proc`` answers ready on ``port`` within ``timeout`` (False once it has exited)."""
     import urllib.error
     import urllib.request
 
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
                 if resp.status == 200:
-                    return
+                    return True
         except (urllib.error.URLError, ConnectionError):
             pass
         time.sleep(0.05)
-    raise RuntimeError("otel-plumb run did not become ready")
+    return False
 
 
 def scrape(port: int) -> str:
