@@ -107,24 +107,21 @@ class EarlyState:
         matched to those spans, or dropped as a problem): see ``build_trajectory``."""
         return self.tool_spans == 0
 
-    # Over the names a check watches (one or two), not the trace's tools.
     def ok(self, tools: ck.Tools) -> int:
         """Successful and requested calls of ``tools``: at least the successful calls among the steps."""
-        asked = self.asked_are_steps
-        n = 0
-        for name in tools:
-            t = self.tools.get(name)
-            if t is not None:
-                n += t.ok + t.asked if asked else t.ok
-        return n
+        return self._calls(tools, attempts=False)
 
     def tried(self, tools: ck.Tools) -> int:
+        return self._calls(tools, attempts=True)
+
+    # Over the names a check watches (one or two), not the trace's tools.
+    def _calls(self, tools: ck.Tools, *, attempts: bool) -> int:
         asked = self.asked_are_steps
         n = 0
         for name in tools:
             t = self.tools.get(name)
             if t is not None:
-                n += t.tried + t.asked if asked else t.tried
+                n += (t.tried if attempts else t.ok) + (t.asked if asked else 0)
         return n
 
     def first_ok(self, tools: ck.Tools, *, requested: bool) -> int:

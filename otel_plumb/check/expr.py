@@ -380,43 +380,34 @@ class Expression:
         out = {k: v for k, v in activation.items() if k != "steps" or "steps" in self._rest_reads}
         for n in self._native:
             context = {k: activation[k] for k in n.variables if k in activation}
-            run, var = n.program.execute, n.var
-            result: list[Any] = []
+            value: Any
             try:
-                if n.macro == "filter":
-                    predicate = n.predicate
-                    for element in steps:
-                        keep = predicate(element) if predicate is not None else None
-                        if keep is None:
-                            context[var] = element
-                            keep = run(context)
-                            if keep is not True and keep is not False:
-                                return None
-                        if keep:
-                            result.append(element)
-                elif n.macro == "map":
+                if n.macro == "map":
+                    run, var = n.program.execute, n.var
+                    value = []
                     for element in steps:
                         context[var] = element
-                        result.append(run(context))
-                else:  # exists, all: in order, up to the first step that decides, as the binding goes
-                    decisive = n.macro == "exists"
-                    predicate = n.predicate
-                    found = False
+                        value.append(run(context))
+                elif n.macro == "filter":
+                    value = []
                     for element in steps:
-                        keep = predicate(element) if predicate is not None else None
+                        keep = n.truth(element, context)
                         if keep is None:
-                            context[var] = element
-                            keep = run(context)
-                            if keep is not True and keep is not False:
-                                return None
-                        if keep is decisive:
-                            found = True
+                            return None
+                        if keep:
+                            value.append(element)
+                else:  # exists, all: in order, up to the first step that decides, as the binding goes
+                    value = n.macro == "all"
+                    for element in steps:
+                        keep = n.truth(element, context)
+                        if keep is None:
+                            return None
+                        if keep is not value:
+                            value = keep
                             break
-                    out[n.name] = found if decisive else not found
-                    continue
             except Exception:  # any failure: the binding decides what it means, short-circuits included
                 return None
-            out[n.name] = len(result) if n.sized else result
+            out[n.name] = len(value) if n.sized else value
         return out
 
     def test(self, activation: Mapping[str, Any], budget: CostBudget | None = None) -> bool:
@@ -442,6 +433,17 @@ class _Native:
     sized: bool
     # The body decided in Python where it can be (see ``_predicate``), or None.
     predicate: Callable[[Any], bool | None] | None
+
+    def truth(self, step: Any, context: dict[str, Any]) -> bool | None:
+        """The body on one step (``context``: the activation it reads), or None when that is no
+        boolean; the binding's errors are raised."""
+        if self.predicate is not None:
+            keep = self.predicate(step)
+            if keep is not None:
+                return keep
+        context[self.var] = step
+        keep = self.program.execute(context)
+        return keep if keep is True or keep is False else None
 
 
 # ``var.field == literal`` (or ``!=``): a string without escapes, an int, a boolean or null.
