@@ -118,3 +118,15 @@ def test_bodies_decided_in_python_give_what_the_binding_gives(
 def test_other_bodies_go_to_the_binding(body: str) -> None:
     expression = Expression(f"size(steps.filter(s, {body})) >= 0", ("steps", "t"))
     assert all(n.predicate is None for n in expression._native)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("s.kind=!'\"&|09 tnrufl")), max_size=40), st.lists(any_values, max_size=3))
+def test_reading_a_body_never_raises(body: str, values: list[Any]) -> None:
+    """Any text: no predicate (the binding evaluates it) or one that answers any step."""
+    from otel_plumb.check.expr import _predicate
+
+    decide = _predicate(body, "s")
+    if decide is not None:
+        for value in [*values, *({"kind": v} for v in values)]:
+            assert decide(value) in (True, False, None)
