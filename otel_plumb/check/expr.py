@@ -17,7 +17,7 @@ errors and their short-circuiting are the library's own.
 
 The commonest bodies, a field compared with a literal (``s.kind == 'tool'``, ``s.error ==
 null``, joined by ``&&`` or by ``||``), are decided in Python for a step whose fields hold the
-literal's type (or, against null, a string, boolean or int): about 0.3 µs a step instead of 6.
+literal's type (or, against null, a string, boolean or int): under 1 µs a step against 6 to 9.
 Any other step goes through the library, so the answer is always the library's.
 """
 
