@@ -19,6 +19,7 @@ from test_normalise import span
 from otel_plumb.assemble import build_trajectory
 from otel_plumb.model import SpanEvent, SpanRecord
 from otel_plumb.normalise import normalise
+from otel_plumb.normalise.messages import _CONTAINER_KEYS
 
 
 def check(normalised: list[Any]) -> None:
@@ -57,22 +58,8 @@ TREE_KEYS = [
     "functionResponse",
     "function_response",
     "toolName",
-    "content",
-    "parts",
-    "tool_calls",
-    "toolCalls",
-    "messages",
-    "message",
-    "choices",
-    "output",
-    "outputs",
-    "candidates",
-    "generations",
-    "kwargs",
-    "additional_kwargs",
-    "response",
+    *_CONTAINER_KEYS,  # the keys the message walkers descend through
     "result",
-    "data",
     # call wrappers and content blocks (values.py, common.py)
     "inputs",
     "input_str",

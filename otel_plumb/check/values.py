@@ -7,7 +7,6 @@ whitespace collapsing and case folding, unless ``compare: exact``.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import unicodedata
@@ -15,7 +14,7 @@ from collections.abc import Hashable
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
-from otel_plumb.model.text import may_hold_lone_surrogates, repair_lone_surrogates
+from otel_plumb.model.text import parse_json
 
 CompareMode = Literal["normalised", "exact", "set"]
 
@@ -64,12 +63,9 @@ def lookup(value: Any, path: tuple[PathSegment, ...]) -> Any:
     for seg in path:
         if isinstance(cur, str | bytes):
             try:
-                text = cur
-                cur = json.loads(text)
+                cur = parse_json(cur)  # what a verdict quotes must be valid text
             except (ValueError, RecursionError):
                 return MISSING
-            if may_hold_lone_surrogates(text):  # what a verdict quotes must be valid text
-                cur = repair_lone_surrogates(cur)
         if isinstance(cur, dict):
             if seg in cur:
                 cur = cur[seg]

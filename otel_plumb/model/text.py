@@ -26,6 +26,13 @@ def may_hold_lone_surrogates(json_text: str | bytes) -> bool:
     return pattern.search(json_text) is not None  # type: ignore[arg-type]
 
 
+def parse_json(text: str | bytes) -> Any:
+    """``json.loads`` of trace data, with any lone surrogate written as its escape: otherwise a
+    ``"\\ud800"`` in one attribute would make everything carrying it unencodable downstream."""
+    value = json.loads(text)
+    return repair_lone_surrogates(value) if may_hold_lone_surrogates(text) else value
+
+
 def valid_text(text: str) -> str:
     """``text`` with each lone surrogate written as its escape (``\\ud800``)."""
     if text.isascii() or _LONE_SURROGATE.search(text) is None:

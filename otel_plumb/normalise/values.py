@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from otel_plumb.model.text import may_hold_lone_surrogates, repair_lone_surrogates
+from otel_plumb.model.text import parse_json, repair_lone_surrogates
 from otel_plumb.model.trajectory import CaptureStatus
 
 # Placeholders instrumentations and redacting processors write instead of content
@@ -141,11 +141,9 @@ def _parse_structured(s: str) -> Any:
     """JSON, else a Python literal; either with any lone surrogate written as its escape
     (``model.text``: checks compare it, verdicts and stored trajectories carry it)."""
     try:
-        value = json.loads(s)
+        return parse_json(s)
     except (ValueError, RecursionError) as exc:
         json_error = exc
-    else:
-        return repair_lone_surrogates(value) if may_hold_lone_surrogates(s) else value
     if len(s) <= _LITERAL_EVAL_MAX:
         try:
             value = ast.literal_eval(s)  # Python reprs: {'a': 1, 'ok': True}

@@ -32,10 +32,9 @@ import zstandard
 from google.protobuf.message import DecodeError
 
 from otel_plumb.model.span import SpanRecord
-from otel_plumb.model.text import repair_lone_surrogates
+from otel_plumb.model.text import parse_json, repair_lone_surrogates
 from otel_plumb.receive.jaeger import is_jaeger_trace, trace_records
 from otel_plumb.receive.otlp import decode_request
-from otel_plumb.receive.otlp_json import loads
 from otel_plumb.receive.otlp_json_spans import request_spans
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -180,7 +179,7 @@ def _read_json(name: str, stream: IO[bytes]) -> Iterator[list[Item]]:
         yield from _read_document(name, _Chained(consumed, stream))
         return
     try:
-        obj = loads(first)
+        obj = parse_json(first)
     except (ValueError, RecursionError) as exc:
         # Either a pretty-printed document or a malformed first line of JSON lines: a JSON-lines
         # file has a complete value on its next non-blank line.
@@ -196,7 +195,7 @@ def _read_json(name: str, stream: IO[bytes]) -> Iterator[list[Item]]:
             yield from _read_document(name, _Chained(consumed, stream))
             return
         yield [ReadError(name, f"malformed JSON: {exc}", line=lineno)]
-        yield list(_json_records(name, loads(second), line=second_lineno))
+        yield list(_json_records(name, parse_json(second), line=second_lineno))
         lineno = second_lineno
     else:
         yield list(_json_records(name, obj, line=lineno))
@@ -205,7 +204,7 @@ def _read_json(name: str, stream: IO[bytes]) -> Iterator[list[Item]]:
         if not line.strip():
             continue
         try:
-            obj = loads(line)
+            obj = parse_json(line)
         except (ValueError, RecursionError) as exc:
             yield [ReadError(name, f"malformed JSON: {exc}", line=lineno)]
             continue
@@ -388,7 +387,7 @@ def _payload_records(name: str, payload: bytes, offset: int) -> list[Item]:
             return [ReadError(name, f"corrupt zstd record: {exc}", offset=offset)]
     if payload[:1] in _JSON_START:  # the file exporter's format: json with compression
         try:
-            obj = loads(payload)
+            obj = parse_json(payload)
         except (ValueError, RecursionError) as exc:
             return [ReadError(name, f"malformed JSON record: {exc}", offset=offset)]
         return list(_json_records(name, obj, offset=offset))

@@ -31,7 +31,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from otel_plumb.receive.otlp_json import loads, parse_request
+from otel_plumb.model.text import parse_json
+from otel_plumb.receive.otlp_json import parse_request
 from otel_plumb.receive.sink import SpanSink, Throttled
 
 PROTOBUF = "application/x-protobuf"
@@ -155,7 +156,7 @@ def decode(raw: bytes, as_json: bool) -> ExportTraceServiceRequest:
     try:
         if not as_json:
             return ExportTraceServiceRequest.FromString(raw)
-        obj = loads(raw)
+        obj = parse_json(raw)
         if not isinstance(obj, dict):
             raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
         return parse_request(obj)

@@ -8,13 +8,10 @@ trace and span ids as hex instead of base64, which is converted here.
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
 
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-from otel_plumb.model.text import may_hold_lone_surrogates, repair_lone_surrogates
 
 _ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"})
 # Deepest JSON nesting read: beyond what protobuf's parser takes (100 nested messages) anyway,
@@ -22,12 +19,6 @@ _ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id"
 MAX_DEPTH = 256
 
 
-def loads(raw: str | bytes) -> Any:
-    """``json.loads`` of trace data, with any lone surrogate written as its escape (see
-    ``model.text``): otherwise a ``"\\ud800"`` in one attribute would make its whole request
-    unencodable downstream."""
-    value = json.loads(raw)
-    return repair_lone_surrogates(value) if may_hold_lone_surrogates(raw) else value
 
 def _hex_ids_to_base64(node: Any, depth: int = 0) -> Any:
     if depth > MAX_DEPTH:
