@@ -38,7 +38,18 @@ def build_trajectory(
     # Each trace needs its own root (a session joins several traces, each with one).
     tops_by_trace: dict[str, list[NormalisedSpan]] = {}
     results_by_call_id: dict[str, object] = {}
-    # One pass over the spans for what only reads them (this runs once per span).
+    # Span steps come in span order; steps for requested calls are merged in by their own key.
+    steps: list[Step] = []
+    tool_steps: list[Step] = []
+    # Spans with tool calls the model asked for, and how many span steps are agents and models.
+    asking: list[NormalisedSpan] = []
+    agent_spans = llm_spans = 0
+    # Model calls that asked for tools none of which were captured (content capture off).
+    hidden: list[NormalisedSpan] = []
+    # Spans that look like an agent's but follow no convention read here: tool calls may be in them.
+    unrecognised: list[NormalisedSpan] = []
+    # One pass over the spans (this runs once per span): what later passes need is noted here,
+    # so that a trace without model or tool calls (HTTP and database traffic) takes no other.
     for s in spans:
         if s.problems:
             problems.extend(s.problems)
@@ -49,6 +60,21 @@ def build_trajectory(
             tops_by_trace.setdefault(s.trace_id, []).append(s)
         if s.tool_results:
             results_by_call_id.update(s.tool_results)
+        if s.requested_calls:
+            asking.append(s)
+        step = _span_step(s)
+        steps.append(step)
+        kind = step.kind
+        if kind == "tool":
+            tool_steps.append(step)
+        elif kind == "llm":
+            llm_spans += 1
+        elif kind == "agent":
+            agent_spans += 1
+        if s.hidden_tool_calls:
+            hidden.append(s)
+        if s.convention == "unrecognised":
+            unrecognised.append(s)
     trace_ids = list(dict.fromkeys(s.trace_id for s in spans))
     roots = [_root(tops) for tops in tops_by_trace.values()]
     root = roots[0] if roots else None
@@ -66,37 +92,20 @@ def build_trajectory(
             if complete:
                 complete, incomplete_reason = False, MISSING_PARENT
 
-    # Span steps come in span order; steps for requested calls are merged in by their own key.
-    steps: list[Step] = []
-    requested: list[tuple[tuple[int, int, int, str], Step]] = []
     tool_steps_by_call_id: dict[str, Step] = {}
-    tool_steps: list[Step] = []
-    # Model calls that asked for tools none of which were captured (content capture off).
-    hidden: list[NormalisedSpan] = []
-    # Spans that look like an agent's but follow no convention read here: tool calls may be in them.
-    unrecognised: list[NormalisedSpan] = []
-    for s in spans:
-        step = _span_step(s)
-        steps.append(step)
-        if s.hidden_tool_calls:
-            hidden.append(s)
-        if s.convention == "unrecognised":
-            unrecognised.append(s)
-        if step.kind == "tool":
-            tool_steps.append(step)
-            if step.tool_call_id:
-                tool_steps_by_call_id[step.tool_call_id] = step
-                if step.result_status == "absent" and step.tool_call_id in results_by_call_id:
-                    step.result, step.result_status = results_by_call_id[step.tool_call_id], "captured"
-
+    without_id: dict[str, list[Step]] = {}
+    for step in tool_steps:
+        if step.tool_call_id:
+            tool_steps_by_call_id[step.tool_call_id] = step
+            if step.result_status == "absent" and step.tool_call_id in results_by_call_id:
+                step.result, step.result_status = results_by_call_id[step.tool_call_id], "captured"
+        if step.tool_call_id is None:
+            without_id.setdefault(step.name, []).append(step)
     # Tool calls the model requested: matched to tool spans by tool-call id (never doubled), or,
     # for tool spans that record no id, to the first unclaimed span of that name that starts
     # after the request; when the trace has no tool spans at all, they become steps of their own.
-    without_id: dict[str, list[Step]] = {}
-    for step in tool_steps:
-        if step.tool_call_id is None:
-            without_id.setdefault(step.name, []).append(step)
-    for s in spans:
+    requested: list[tuple[tuple[int, int, int, str], Step]] = []
+    for s in asking:
         for n, call in enumerate(s.requested_calls):
             matched = tool_steps_by_call_id.get(call.tool_call_id or "")
             if matched is None:
@@ -129,19 +138,26 @@ def build_trajectory(
         drafts.extend(requested)
         drafts.sort(key=lambda d: d[0])
         steps = [step for _, step in drafts]
-    _merge_nested_model_calls(steps)
-    _order_parallel_calls(steps, spans)
-    _delegations_and_handoffs(steps, by_id)
-    _assign_agents(steps, by_id)
+    if llm_spans:
+        _merge_nested_model_calls(steps)
+    if asking:
+        _order_parallel_calls(steps, asking)
+    if tool_steps or requested:  # a handoff is a tool call, and may name the agent steps inherit
+        _delegations_and_handoffs(steps, by_id)
+        _assign_agents(steps, by_id)
+    elif agent_spans:
+        _assign_agents(steps, by_id)
     for i, step in enumerate(steps):
         step.index = i
 
     attributes: dict[str, object] = {}
     ordered = ([root] if root is not None else []) + [s for s in spans if s is not root]
+    last: dict[str, object] | None = None
     for s in ordered:
         a = s.attributes
-        if a.keys() <= attributes.keys():
+        if a is last or a.keys() <= attributes.keys():
             continue  # the usual case (resource attributes repeated on every span): nothing new
+        last = a
         for k, v in a.items():
             attributes.setdefault(k, v)
     agent_steps = [st for st in steps if st.kind == "agent"]

@@ -51,9 +51,6 @@ class Source:
         self.unreadable: str | None = None
 
 
-_COUNTED = {outcome: outcome.value for outcome in AddOutcome}
-
-
 @dataclass(slots=True)
 class IntakeCounts:
     """Spans by what happened to them (duplicates are not lost: the first copy went on)."""
@@ -66,8 +63,7 @@ class IntakeCounts:
     unreadable: int = 0
 
     def count(self, outcome: AddOutcome) -> None:
-        name = _COUNTED[outcome]  # not outcome.value: an enum's property costs more than the rest
-        setattr(self, name, getattr(self, name) + 1)
+        setattr(self, outcome.value, getattr(self, outcome.value) + 1)
 
 
 class _Marks:
@@ -140,7 +136,10 @@ class Intake:
             self._mark(tid, UNREADABLE_SPAN, f"span {record.span_id} ({record.name!r}) could not be read: {exc}")
             return AddOutcome.UNREADABLE, None
         outcome, evicted = self.assembler.add_seen(span, payload, now, outcome, fp, size)
-        self.counts.count(outcome)
+        if outcome is AddOutcome.ACCEPTED:
+            self.counts.accepted += 1  # the usual outcome, without looking its counter up by name
+        else:
+            self.counts.count(outcome)
         if evicted:
             self._ready.extend(evicted)
         return outcome, span

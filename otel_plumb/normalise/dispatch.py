@@ -93,7 +93,7 @@ def _unrecognised_keys(keys: tuple[str, ...]) -> bool:
 # Spans of one instrumentation repeat the same scope and attribute keys: what dispatch and the
 # shared fields need from those keys is worked out once per (scope, keys) and reused. Bounded,
 # so odd key spaces (flattened message lists) cannot grow it forever.
-_shapes: dict[tuple[str, tuple[str, ...]], tuple[Reader | None, Shape, bool]] = {}
+_shapes: dict[tuple[str, tuple[str, ...]], tuple[Reader | None, Shape, bool, bool]] = {}
 _SHAPES_MAX = 10_000
 
 
@@ -107,14 +107,16 @@ def normalise(span: SpanRecord) -> NormalisedSpan:
         if len(_shapes) >= _SHAPES_MAX:
             _shapes.clear()
         keys = cache_key[1]
-        cached = _shapes[cache_key] = (_scope_or_marker_reader(*cache_key), Shape(keys), _unrecognised_keys(keys))
-    reader, shape, agentic_keys = cached
+        cached = _shapes[cache_key] = (
+            _scope_or_marker_reader(*cache_key), Shape(keys), _unrecognised_keys(keys), _infrastructure(keys)
+        )  # fmt: skip
+    reader, shape, agentic_keys, infrastructure = cached
     out = base(span, shape)
     if reader is None:
         reader = BY_SPAN_NAME.get(span.name)
     if reader is not None:
         reader(span, out)
-    elif agentic_keys or (_AGENTIC_NAME.search(span.name) and not _infrastructure(span.attributes)):
+    elif agentic_keys or (not infrastructure and _AGENTIC_NAME.search(span.name)):
         out.convention = "unrecognised"
         namespaces = sorted({k.split(".", 1)[0] for k in span.attributes}) or ["none"]
         out.problems += (f"unrecognised span {span.name!r}: attribute namespaces {', '.join(namespaces[:10])}",)
