@@ -8,7 +8,7 @@ Cost: ``EarlyState.add`` is O(1) per span (O(requested calls) for a model call n
 trace, whatever the trace's size. The partial trajectory (O(spans)) is built only on a
 request after which some early invariant not yet reported may fail, which for an invariant
 that does fail is once per trace; that keeps a trace of N spans in requests of k at O(N), not
-O(N^2 / k).
+O(N^2 / k). Only the invariants that may fail are checked on it.
 
 What ``may_fail`` says is a necessary condition of a fail, from what building a trajectory
 can do to the steps: it only ever removes tool calls (a tool that ran another agent becomes an
@@ -130,7 +130,11 @@ class EarlyState:
         for name in tools:
             t = self.tools.get(name)
             if t is not None:
-                first = min(first, t.first_ok, t.first_asked) if asked else min(first, t.first_ok)
+                # Comparisons, not min(): this runs for every precedes invariant on every request.
+                if t.first_ok < first:
+                    first = t.first_ok
+                if asked and t.first_asked < first:
+                    first = t.first_asked
         return first
 
 
@@ -163,12 +167,13 @@ class EarlyWatch:
     def state(self) -> EarlyState:
         return EarlyState(self.watched)
 
-    def may_fail(self, state: EarlyState, reported: set[tuple[str, str]] | frozenset[tuple[str, str]]) -> bool:
-        """Can an early invariant not yet reported for the trace fail on what it holds now?"""
-        for rule in self.rules:  # noqa: SIM110 (a loop: any() over a generator takes twice as long)
-            if rule.key not in reported and rule.may_fail(state):
-                return True
-        return False
+    def may_fail(
+        self, state: EarlyState, reported: set[tuple[str, str]] | frozenset[tuple[str, str]]
+    ) -> list[tuple[str, str]]:
+        """The early invariants not yet reported for the trace that may fail on what it holds
+        now, as (policy, invariant) keys: only those need checking on its partial trajectory."""
+        rules = [rule for rule in self.rules if rule.key not in reported] if reported else self.rules
+        return [rule.key for rule in rules if rule.may_fail(state)]
 
 
 def _handoff_named(tools: frozenset[str] | tuple[()]) -> bool:
@@ -202,7 +207,14 @@ def _may_fail(check: ck.Check, *, scoped: bool) -> Callable[[EarlyState], bool]:
         return precedes
     if isinstance(check, ck.Budget):
         over = [_over(name, limit) for name, limit in check.limits.items()]
-        return lambda s: any(o(s) for o in over)
+
+        def budget(s: EarlyState) -> bool:
+            for o in over:  # noqa: SIM110 (a loop: any() over a generator takes twice as long)
+                if o(s):
+                    return True
+            return False
+
+        return budget
     return lambda s: True  # a kind this does not know: check every time
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any
 
 import re2
@@ -325,8 +325,12 @@ class CompiledPolicy:
             run = ck.Run(trajectory, self.context(trajectory), trajectory.complete)
         return [inv.evaluate(run) for inv in self.invariants]
 
-    def early_failures(self, trajectory: Trajectory) -> list[Verdict]:
-        """Fails already certain on a partial, in-flight trajectory (see ``CompiledInvariant.early``).
+    def early_failures(
+        self, trajectory: Trajectory, only: Container[tuple[str, str]] | None = None
+    ) -> list[Verdict]:
+        """Fails already certain on a partial, in-flight trajectory (see ``CompiledInvariant.early``);
+        ``only``: of the early invariants with these (policy, invariant) keys (the others cannot
+        fail yet: ``check.early.EarlyWatch.may_fail``).
 
         Its step indices are not final (spans that start earlier, the root first, arrive later),
         so these verdicts have no ``step_index``: they name the offending step by ``span_id``, and
@@ -336,6 +340,8 @@ class CompiledPolicy:
         run = ck.Run(trajectory, self.context(trajectory), complete=False, provisional=True)
         out = []
         for inv in self._early:
+            if only is not None and (self.name, inv.id) not in only:
+                continue
             outcome = inv.outcome(run)
             if outcome.verdict == "fail":
                 out.append(inv.verdict(outcome, run))

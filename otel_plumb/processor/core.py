@@ -613,12 +613,15 @@ class Processor:
         still in flight, each reported once; the full evaluation follows at completion. The
         trace's counters say first whether one may fail: the partial trajectory is built only then."""
         state = self._early_state.get(trace_id)
-        if state is None or not self._early_watch.may_fail(state, self._early.get(trace_id, frozenset())):
+        if state is None:
+            return None
+        may_fail = self._early_watch.may_fail(state, self._early.get(trace_id, frozenset()))
+        if not may_fail:
             return None
         spans = self.intake.buffered_spans(trace_id)
         partial = build_trajectory(trace_id, spans, complete=False, incomplete_reason="in_flight")
         reported = self._early.setdefault(trace_id, set())
-        decision = self._new_early_failures(trace_id, partial, reported)
+        decision = self._new_early_failures(trace_id, partial, reported, frozenset(may_fail))
         if not reported:
             del self._early[trace_id]
         return decision
@@ -633,8 +636,10 @@ class Processor:
         return self._new_early_failures(trace_id, tombstone.trajectory(trace_id), tombstone.reported)
 
     def _new_early_failures(
-        self, trace_id: str, partial: Trajectory, reported: set[tuple[str, str]]
+        self, trace_id: str, partial: Trajectory, reported: set[tuple[str, str]],
+        only: frozenset[tuple[str, str]] | None = None,
     ) -> Decision | None:
+        """Early failures on ``partial`` not yet in ``reported`` (of the invariants in ``only``)."""
         new: list[Verdict] = []
         applied: list[str] = []
         # A tool call the model asked for may still arrive as a tool span (which may say it
@@ -643,7 +648,7 @@ class Processor:
         for policy in self.policies:
             if not policy.applies_to(partial):
                 continue
-            for v in policy.early_failures(partial):
+            for v in policy.early_failures(partial, only):
                 if v.span_id in requested_only:
                     continue
                 if (v.policy, v.invariant) not in reported:
