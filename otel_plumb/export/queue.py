@@ -28,6 +28,9 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+# Pages the WAL grows to before SQLite copies it back into the database (4 KiB pages).
+WAL_CHECKPOINT_PAGES = 4000
+
 # SQLite's result codes for a file that is not (or no longer) a readable database.
 _CORRUPT = frozenset({"SQLITE_CORRUPT", "SQLITE_NOTADB"})
 
@@ -75,6 +78,11 @@ class DiskQueue:
         # NORMAL in WAL mode: a committed batch survives a process crash (SIGKILL); only an OS
         # crash or power loss can lose the last transactions.
         db.execute("PRAGMA synchronous=NORMAL")
+        # Every request is written twice (journaled, then queued as export batches) and deleted
+        # soon after: with a WAL of 16 MiB rather than the default 4 MiB, more of those pages are
+        # rewritten within one checkpoint and copied back once (measured: a fifth less CPU and a
+        # third less time per byte queued: bench/export_queue.py).
+        db.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
         db.execute(
             "CREATE TABLE IF NOT EXISTS batches (id INTEGER PRIMARY KEY AUTOINCREMENT, spans INTEGER, body BLOB)"
         )
