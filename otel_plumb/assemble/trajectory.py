@@ -99,7 +99,7 @@ def build_trajectory(
             tool_steps_by_call_id[step.tool_call_id] = step
             if step.result_status == "absent" and step.tool_call_id in results_by_call_id:
                 step.result, step.result_status = results_by_call_id[step.tool_call_id], "captured"
-        if step.tool_call_id is None:
+        elif step.tool_call_id is None:
             without_id.setdefault(step.name, []).append(step)
     # Tool calls the model requested: matched to tool spans by tool-call id (never doubled), or,
     # for tool spans that record no id, to the first unclaimed span of that name that starts
@@ -366,12 +366,12 @@ def _merge_nested_model_calls(steps: list[Step]) -> None:
         st.kind, st.tokens = "other", None
 
 
-def _order_parallel_calls(steps: list[Step], spans: list[NormalisedSpan]) -> None:
+def _order_parallel_calls(steps: list[Step], asking: list[NormalisedSpan]) -> None:
     """Tool calls the model asked for in one turn run in the order it asked for them, whatever
     their start times say (they often start together, or in thread order): among their own
-    places in the trajectory they are put in request order."""
+    places in the trajectory they are put in request order. ``asking``: the spans with requests."""
     turn_of: dict[str, tuple[str, int]] = {}
-    for s in spans:
+    for s in asking:
         if len(s.requested_calls) > 1:
             for n, call in enumerate(s.requested_calls):
                 if call.tool_call_id:
