@@ -88,3 +88,17 @@ def test_plain_http_database_and_application_spans_are_not_unrecognised() -> Non
     # Nothing hides a tool call here, and nothing is an agent's: a service's own traffic (a
     # health check, a batch job) that no policy applies to, not an agent that skipped a call.
     assert (d.status, d.policies, d.verdicts) == ("unchecked", [], [])
+
+
+def test_a_span_named_after_a_tool_the_trajectory_calls_hides_nothing() -> None:
+    lookup = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup_order"}
+    # The HTTP span of the lookup names its tool: the call itself is read from the tool span.
+    trajectory, d = decided(spans([("execute_tool lookup_order", lookup), ("GET /lookup_order", {"http.route": "/x"})]))
+    assert trajectory.complete, trajectory.problems
+    assert POLICY.unread_tool_span(trajectory) is None
+    assert {v.invariant: v.verdict for v in d.verdicts}["must-lookup"] == "pass"
+    # A name holding a called tool and one not called points at the one not called.
+    trajectory, d = decided(spans([("execute_tool lookup_order", lookup), ("refund after lookup_order", {})]))
+    problem = POLICY.unread_tool_span(trajectory)
+    assert problem is not None and "names the tool 'refund'" in problem, problem
+    assert {v.invariant: v.verdict for v in d.verdicts}["refund-once"] == "indeterminate"

@@ -206,32 +206,29 @@ def nesting(nodes: list[Comprehension]) -> tuple[int, list[Comprehension]]:
 def estimate_cost(
     nodes: list[Comprehension],
     steps: int,
-    largest: Callable[[], int],
+    largest: int,
     element: float = 1.0,
     native: Collection[int] = (),
 ) -> int:
     """Upper estimate of the iterations of ``nodes``: a range over ``steps`` has ``steps``
-    elements, any other at most ``largest()`` (the biggest list or map in the activation).
+    elements, any other at most ``largest`` (the biggest list or map in the activation).
     ``map`` and ``filter`` also copy their growing result at each element in the binding (so
     they are quadratic there: a ``filter`` over 5,000 step maps takes seconds), at
     ``FILTER_COPY_COST`` per value copied, elements of ``element`` values; not those evaluated
-    here (``native``: ids of the nodes), which cost one iteration per element."""
+    here (``native``: ids of the nodes), which cost one iteration per element.
+
+    A loop over a stack, not nested functions: a recursive closure is a reference cycle, left
+    to the cyclic collector once per evaluation."""
     total = 0
-
-    def size(n: Comprehension) -> int:
-        return steps if n.root == "steps" and not n.bound else largest()
-
-    def walk(level: list[Comprehension], outer: int) -> None:
-        nonlocal total
-        for n in level:
-            k = max(1, size(n))
-            inner = outer * k
-            total += inner
-            if n.macro in ("map", "filter") and id(n) not in native:
-                total += outer * math.ceil(k * k * element * FILTER_COPY_COST)
-            walk(n.children, inner)
-
-    walk(nodes, 1)
+    todo = [(n, 1) for n in nodes]
+    while todo:
+        n, outer = todo.pop()
+        k = max(1, steps if n.root == "steps" and not n.bound else largest)
+        inner = outer * k
+        total += inner
+        if n.macro in ("map", "filter") and id(n) not in native:
+            total += outer * math.ceil(k * k * element * FILTER_COPY_COST)
+        todo.extend((c, inner) for c in n.children)
     return total
 
 
@@ -340,7 +337,7 @@ class Expression:
         n_steps = len(steps) if isinstance(steps, list) else 0
         element = values / largest if largest else 1.0  # values in an element, about
         iterations = (
-            estimate_cost(self.comprehensions, n_steps, lambda: largest, element, self._native_ids)
+            estimate_cost(self.comprehensions, n_steps, largest, element, self._native_ids)
             if self.comprehensions
             else 0
         )

@@ -234,6 +234,12 @@ class CompiledInvariant:
         return out
 
 
+# Conventions of spans that may hide a tool call: none read them.
+_UNREAD_CONVENTIONS = frozenset({"unknown", "unrecognised"})
+# Span names whose tools a policy remembers at once.
+_SPAN_NAMES_MAX = 10_000
+
+
 class CompiledPolicy:
     """A validated policy, compiled once: call ``evaluate`` per trajectory."""
 
@@ -259,24 +265,44 @@ class CompiledPolicy:
         self._context_file = context_file
         self._early = [inv for inv in invariants if inv.early]
         self._tools = self.tool_names
+        self._tools_by_span_name: dict[str, tuple[str, ...]] = {}
 
     def __repr__(self) -> str:
         return f"CompiledPolicy({self.name!r}, {len(self.invariants)} invariants)"
 
     def unread_tool_span(self, trajectory: Trajectory) -> str | None:
-        """A problem line when a span no convention reads carries one of the policy's tool names."""
-        # Tools the trajectory shows calls of are read; the root is the application's own span.
-        tools = self._tools - {s.name for s in trajectory.steps if s.kind == "tool"}
-        if not tools:
+        """A problem line when a span no convention reads carries one of the policy's tool names
+        (one not called in the trajectory: its calls are read; the root is the application's own
+        span). O(steps): which tools a span name holds is worked out once per name."""
+        if not self._tools:
             return None
+        called: set[str] = set()
+        candidates: list[tuple[Step, tuple[str, ...]]] = []
         for step in trajectory.steps:
-            if step.kind == "other" and step.convention in ("unknown", "unrecognised") and step.parent_span_id:
-                named = next((tool for tool in tools if tool in step.name), None)
-                if named is not None:
-                    return (f"span {step.span_id} ({step.name!r}) names the tool {named!r} of policy {self.name} but "
-                            "follows no convention otel-plumb reads: checks on which tools were called are "
-                            "indeterminate")  # fmt: skip
+            kind = step.kind
+            if kind == "tool":
+                called.add(step.name)
+            elif kind == "other" and step.parent_span_id and step.convention in _UNREAD_CONVENTIONS:
+                named = self._tools_in(step.name)
+                if named:
+                    candidates.append((step, named))
+        for step, named in candidates:
+            tool = next((t for t in named if t not in called), None)
+            if tool is not None:
+                return (f"span {step.span_id} ({step.name!r}) names the tool {tool!r} of policy {self.name} but "
+                        "follows no convention otel-plumb reads: checks on which tools were called are "
+                        "indeterminate")  # fmt: skip
         return None
+
+    def _tools_in(self, span_name: str) -> tuple[str, ...]:
+        """The policy's tools whose names are in ``span_name``, in name order (span names repeat:
+        remembered, boundedly)."""
+        named = self._tools_by_span_name.get(span_name)
+        if named is None:
+            if len(self._tools_by_span_name) >= _SPAN_NAMES_MAX:
+                self._tools_by_span_name.clear()
+            named = self._tools_by_span_name[span_name] = tuple(t for t in sorted(self._tools) if t in span_name)
+        return named
 
     @property
     def tool_names(self) -> frozenset[str]:

@@ -145,7 +145,9 @@ def _parse_structured(s: str) -> Any:
     try:
         return parse_json(s)
     except (ValueError, RecursionError) as exc:
-        json_error = exc
+        # The message, not the exception: kept past the handler, its traceback would hold this
+        # frame and every caller's (a reference cycle, left for the cyclic collector).
+        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
     if len(s) <= _LITERAL_EVAL_MAX:
         try:
             value = ast.literal_eval(s)  # Python reprs: {'a': 1, 'ok': True}
@@ -153,7 +155,6 @@ def _parse_structured(s: str) -> Any:
             pass
         else:
             return repair_lone_surrogates(value)
-    msg = json_error.msg if isinstance(json_error, json.JSONDecodeError) else type(json_error).__name__
     return _Failure(f"neither JSON nor a Python literal ({msg})")
 
 

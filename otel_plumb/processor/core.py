@@ -19,7 +19,9 @@ import gc
 import logging
 import ssl
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
 from typing import Any, cast
 
 import grpc
@@ -79,13 +81,17 @@ METRICS_IDLE_TIMEOUT = 60.0
 
 # At most one log line about evicted traces per this many seconds (with the count since the last).
 EVICTION_LOG_INTERVAL = 10.0
-# Cyclic garbage collection while running. Buffered spans are many small containers: with the
-# default thresholds a young collection runs every 700 allocations and each full one walks every
-# buffered span (251 ms at 50k traces in flight), though the span path makes no reference
-# cycles. So what start-up built is frozen out of the collector's sight, and collections are
-# rarer: the young generation at GC_THRESHOLDS[0] allocations, full ones as Python paces them
-# (when a quarter of the long-lived objects are new), which stays proportional to the spans taken.
-GC_THRESHOLDS = (50_000, 50, 100)
+# Cyclic garbage collection while running. The span path makes no reference cycles (a test
+# holds it to that), but buffered spans are many small containers that every young collection
+# walks (about 1 us each), and the collector counts allocations net of frees, so buffers filling
+# up start one every GC_THRESHOLDS[0] objects: with 50,000, 3-5 us per span. So what start-up
+# built is frozen out of the collector's sight, young collections wait for 500,000 net
+# allocations, or GC_YOUNG_INTERVAL, whichever comes first (the few cycles the gRPC runtime
+# makes per request are thus freed within a minute, and at most that many objects of them
+# wait), and full ones come as Python paces them (when a quarter of the long-lived objects
+# are new), which stays proportional to the spans taken.
+GC_THRESHOLDS = (500_000, 50, 100)
+GC_YOUNG_INTERVAL = 60.0
 
 
 def load_policy_files(paths: Sequence[str]) -> list[CompiledPolicy]:
@@ -544,12 +550,18 @@ class Processor:
                 last_arrival[tid] = now
                 if normalised.parent_span_id is None:
                     rooted.add(tid)
+                # A trace's counters start at its first step that is not "other" (a trace of HTTP
+                # and database spans never has any), from every span buffered by then, this one too.
                 if early_checks:
-                    touched[tid] = touched.get(tid, False) or normalised.kind != "other"
                     state = early_state.get(tid)
-                    if state is None:
+                    if state is not None:
+                        state.add(normalised)
+                    elif normalised.kind != "other":
                         state = early_state[tid] = new_state()
-                    state.add(normalised)
+                        for buffered in intake.buffered_spans(tid):
+                            state.add(buffered)
+                    if normalised.kind != "other":
+                        touched[tid] = True
             elif outcome is AddOutcome.DUPLICATE or outcome is AddOutcome.CONFLICTING_DUPLICATE:
                 # Not lost: the first copy went on. Neither a second step nor sent twice.
                 resent += 1
@@ -756,22 +768,21 @@ class Processor:
     async def _write(self, payloads: list[Forwarded], whole_traces: bool) -> bool:
         """One submit; the journal counts change only once it is on disk. False: storage failed."""
         assert self.exporter is not None
-        done: set[tuple[int, str]] = set()
-        released: list[int] = []
         pending = self._journal_pending
-        taken: dict[int, int] = {}
-        for span in payloads:
-            journal_id = span.journal_id
-            if journal_id:
-                if whole_traces:
-                    done.add((journal_id, span.trace_id))
-                taken[journal_id] = taken.get(journal_id, 0) + 1
-        for journal_id, n in taken.items():
-            if pending.get(journal_id, 0) <= n:
-                released.append(journal_id)
+        # Counted and paired in C (this runs for every span forwarded); journal id 0: not journaled.
+        taken = Counter(map(_journal_id, payloads))
+        taken.pop(0, None)
+        released = [journal_id for journal_id, n in taken.items() if pending.get(journal_id, 0) <= n]
+        # (journal id, trace id) pairs now queued, so that a replay skips those traces; not those
+        # of entries released in the same transaction (their pairs go with them).
+        done: list[tuple[int, bytes]] = []
+        if whole_traces:
+            gone = set(released)
+            pairs = set(map(_journal_and_trace, payloads))
+            done = sorted((j, bytes.fromhex(t)) for j, t in pairs if j and j not in gone)
         batches = encode_requests(payloads, self._batch_spans, self._batch_bytes)
         try:
-            await self.exporter.submit(batches, sorted((j, bytes.fromhex(t)) for j, t in done), released)
+            await self.exporter.submit(batches, done, released)
         except StorageError as exc:
             self._storage_log.error(
                 "submit", "cannot queue %d spans for export (%s); kept in memory, retried every second",
@@ -848,8 +859,12 @@ class Processor:
     async def _tick(self) -> None:
         interval = self.config.assembly.tick
         held_retry = 0.0
+        young_gc_at = time.monotonic() + GC_YOUNG_INTERVAL
         while True:
             await asyncio.sleep(interval)
+            if time.monotonic() >= young_gc_at:
+                gc.collect(0)
+                young_gc_at = time.monotonic() + GC_YOUNG_INTERVAL
             try:
                 finished = self.intake.due(time.monotonic())
                 self._note_evictions()
@@ -922,6 +937,10 @@ def _request_spans(request: ExportTraceServiceRequest, raw: bytes | None, tenant
         for resource in {id(r.resource): r.resource for r in records}.values():  # one per ResourceSpans
             _set_tenant(cast("dict[str, Any]", resource), tenant)
     return spans
+
+
+_journal_id = attrgetter("journal_id")
+_journal_and_trace = attrgetter("journal_id", "ids.trace_id")
 
 
 def _origins(wires: list[OriginWire]) -> list[Origin]:
