@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from operator import attrgetter
 
 from otel_plumb.model.trajectory import (
     MISSING_PARENT,
@@ -29,10 +30,17 @@ def build_trajectory(
 ) -> Trajectory:
     spans = list(spans)
     by_id = {s.span_id: s for s in spans}
-    depth = _depths(spans, by_id)
     # Parents start no later than their children; ties are broken by depth so a parent
-    # always precedes its child, then by end time and id for a stable order.
-    spans.sort(key=lambda s: (s.start_ns, depth[s.span_id], s.end_ns, s.span_id))
+    # always precedes its child, then by end time and id for a stable order. Start times are
+    # usually all different: then they alone give that order, and the depths are worked out
+    # only if requested calls need them.
+    depth: dict[str, int] | None = None
+    starts = list(map(_start, spans))
+    if len(set(starts)) == len(starts):
+        spans.sort(key=_start)
+    else:
+        tied = depth = _depths(spans, by_id)
+        spans.sort(key=lambda s: (s.start_ns, tied[s.span_id], s.end_ns, s.span_id))
 
     problems: list[str] = []
     # Each trace needs its own root (a session joins several traces, each with one).
@@ -118,6 +126,8 @@ def build_trajectory(
                 problems.append(f"tool call {call.name!r} requested in span {s.span_id} has no tool span")
                 continue
             step = _requested_step(s, call, results_by_call_id)
+            if depth is None:
+                depth = _depths(spans, by_id)
             requested.append(((s.end_ns, depth[s.span_id] + 1, n, s.span_id), step))
 
     if hidden:
@@ -134,6 +144,7 @@ def build_trajectory(
             complete, incomplete_reason = False, UNRECOGNISED_SPANS
 
     if requested:
+        assert depth is not None  # worked out for the first requested step
         drafts = [((s.start_ns, depth[s.span_id], s.end_ns, s.span_id), st) for s, st in zip(spans, steps, strict=True)]
         drafts.extend(requested)
         drafts.sort(key=lambda d: d[0])
@@ -244,6 +255,9 @@ def _hidden_calls_problems(spans: list[NormalisedSpan]) -> list[str]:
             f"span{'s' if len(group) > 1 else ''} {where}; to capture them, {hint}"
         )
     return lines
+
+
+_start = attrgetter("start_ns")
 
 
 def _depths(spans: list[NormalisedSpan], by_id: dict[str, NormalisedSpan]) -> dict[str, int]:
