@@ -264,7 +264,7 @@ class CompiledPolicy:
         self._task_attribute = task_attribute
         self._context_file = context_file
         self._early = [inv for inv in invariants if inv.early]
-        self._tools = self.tool_names
+        self._tools = tuple(sorted(self.tool_names))  # in name order: the one a problem line names is stable
         self._tools_by_span_name: dict[str, tuple[str, ...]] = {}
 
     def __repr__(self) -> str:
@@ -301,7 +301,7 @@ class CompiledPolicy:
         if named is None:
             if len(self._tools_by_span_name) >= _SPAN_NAMES_MAX:
                 self._tools_by_span_name.clear()
-            named = self._tools_by_span_name[span_name] = tuple(t for t in sorted(self._tools) if t in span_name)
+            named = self._tools_by_span_name[span_name] = tuple(t for t in self._tools if t in span_name)
         return named
 
     @property
