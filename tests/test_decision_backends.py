@@ -351,3 +351,9 @@ async def test_http_backend_overlaps_requests_and_checks_health(serve: Any) -> N
     await backend.aclose()
     assert [r.case.id for r in records] == [f"c{i}" for i in range(8)] and all(r.result for r in records)
     assert active["peak"] == 4
+
+
+def test_probabilities_too_large_to_sum_are_refused_not_a_crash() -> None:
+    huge = {"billing": 0.0, "technical": 8.988465674311579e307, "account": 8.98846567431158e307}
+    with pytest.raises(InvalidResponse, match="over 1"):
+        validate_probabilities(SPEC.labels, huge)

@@ -146,8 +146,8 @@ def validate_probabilities(
             quick: dict[str, float] = {label: raw[label] for label in labels}
         except KeyError:
             quick = {}
-        finite = quick and all(type(v) is float and 0.0 <= v < math.inf for v in quick.values())
-        if finite and abs(math.fsum(quick.values()) - 1.0) <= tolerance:
+        in_range = quick and all(type(v) is float and 0.0 <= v <= 1.0 for v in quick.values())
+        if in_range and abs(math.fsum(quick.values()) - 1.0) <= tolerance:
             return quick
     if not isinstance(raw, Mapping):
         raise InvalidResponse(f"probabilities must be an object, got {type(raw).__name__}")
@@ -167,6 +167,9 @@ def validate_probabilities(
             raise InvalidResponse(f"probability for {label!r} is not finite: {number!r}")
         if number < 0.0:
             raise InvalidResponse(f"probability for {label!r} is negative: {number!r}")
+        # Over 1 no distribution sums to 1 (and a sum of huge floats would overflow).
+        if number > 1.0 + tolerance:
+            raise InvalidResponse(f"probability for {label!r} is over 1: {number!r}")
         ordered[label] = number
     total = math.fsum(ordered.values())
     if abs(total - 1.0) > tolerance:
