@@ -1,15 +1,18 @@
-"""Export queue benchmark: what the on-disk queue costs per byte of span data, at SQLite's default
-WAL checkpoint size and at the queue's (``export.queue.WAL_CHECKPOINT_PAGES``), alternately in
-one run.
+"""Export queue benchmark: what the on-disk queue costs per byte of span data, with SQLite's
+defaults (4 KiB pages, a 1,000-page WAL checkpoint) and with the queue's settings
+(``export.queue.PAGE_SIZE``, ``WAL_CHECKPOINT_BYTES``), alternately in one run, for full
+requests (300 KB: a 512-span batch of agent spans with 1 KB of content per model call, what
+SDKs send at load) and small ones (2 KB: a batch flushed on its timer at low load, or one span
+per request).
 
-    python bench/export_queue.py                 # 3 rounds of 120 MB each way
-    python bench/export_queue.py --rounds 5 --requests 800
+    python bench/export_queue.py                 # 3 rounds each way
+    python bench/export_queue.py --rounds 5 --megabytes 200
 
 Each request goes through what the live processor does with it in annotate mode: journaled when
 received, queued as an export batch of the same size in one transaction that releases its
 journal entry, and deleted once a few later batches are queued (the backend acknowledged it).
 Printed: CPU and wall microseconds per KB of request, the median over the rounds, and the ratio
-of the queue's setting to SQLite's default.
+of the queue's settings to SQLite's defaults.
 """
 
 from __future__ import annotations
@@ -24,18 +27,19 @@ from pathlib import Path
 
 from otel_plumb.export import queue
 
-SQLITE_DEFAULT_PAGES = 1000
-REQUEST_BYTES = 300_000  # a 512-span request of agent spans with 1 KB of content per model call
+SQLITE_DEFAULTS = (4096, 1000 * 4096)  # page size, WAL checkpoint in bytes
+OURS = (queue.PAGE_SIZE, queue.WAL_CHECKPOINT_BYTES)
+REQUEST_SIZES = (300_000, 2_000)
 IN_FLIGHT = 8  # batches queued before the oldest are acknowledged
 
 
-def run(pages: int, requests: int) -> tuple[float, float]:
-    """CPU and wall microseconds per KB of request through the queue at ``pages``."""
-    queue.WAL_CHECKPOINT_PAGES = pages
+def run(settings: tuple[int, int], request_bytes: int, requests: int) -> tuple[float, float]:
+    """CPU and wall microseconds per KB of request through a new queue file with ``settings``."""
+    queue.PAGE_SIZE, queue.WAL_CHECKPOINT_BYTES = settings
     with tempfile.TemporaryDirectory() as tmp:
         q = queue.DiskQueue(Path(tmp) / "queue.db")
         q._open()
-        body = os.urandom(REQUEST_BYTES)
+        body = os.urandom(request_bytes)
         before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         waiting: list[int] = []
         for _ in range(requests):
@@ -48,29 +52,31 @@ def run(pages: int, requests: int) -> tuple[float, float]:
         assert q._db is not None
         q._db.close()
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    kb = requests * REQUEST_BYTES / 1000
+    kb = requests * request_bytes / 1000
     return cpu / kb * 1e6, wall / kb * 1e6
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="runs each way, alternately")
-    parser.add_argument("--requests", type=int, default=400, help="requests per run")
+    parser.add_argument("--megabytes", type=int, default=100, help="request bytes per run")
     args = parser.parse_args()
-    ours = queue.WAL_CHECKPOINT_PAGES
-    results: dict[int, list[tuple[float, float]]] = {SQLITE_DEFAULT_PAGES: [], ours: []}
-    for _ in range(args.rounds):
-        for pages in results:
-            results[pages].append(run(pages, args.requests))
-    print(f"{args.requests} requests of {REQUEST_BYTES:,} B per run, median of {args.rounds}")
-    print(f"{'WAL checkpoint (pages)':>24} {'CPU us/KB':>10} {'wall us/KB':>11}")
-    medians = {}
-    for pages, runs in results.items():
-        cpu, wall = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
-        medians[pages] = (cpu, wall)
-        print(f"{pages:>24,} {cpu:>10.2f} {wall:>11.2f}")
-    (cpu0, wall0), (cpu1, wall1) = medians[SQLITE_DEFAULT_PAGES], medians[ours]
-    print(f"queue's setting / SQLite's default: CPU {cpu1 / cpu0:.2f}x, wall {wall1 / wall0:.2f}x")
+    print(f"{args.megabytes} MB of requests per run, median of {args.rounds}")
+    print(f"{'request':>9} {'settings':>34} {'CPU us/KB':>10} {'wall us/KB':>11}")
+    for request_bytes in REQUEST_SIZES:
+        requests = args.megabytes * 1_000_000 // request_bytes
+        results: dict[tuple[int, int], list[tuple[float, float]]] = {SQLITE_DEFAULTS: [], OURS: []}
+        for _ in range(args.rounds):
+            for settings in results:
+                results[settings].append(run(settings, request_bytes, requests))
+        medians = {}
+        for (page, checkpoint), runs in results.items():
+            cpu, wall = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+            medians[page, checkpoint] = (cpu, wall)
+            label = f"{page // 1024} KiB pages, {checkpoint / 2**20:.0f} MiB WAL"
+            print(f"{request_bytes:>9,} {label:>34} {cpu:>10.2f} {wall:>11.2f}")
+        (cpu0, wall0), (cpu1, wall1) = medians[SQLITE_DEFAULTS], medians[OURS]
+        print(f"{'':>9} {'queue / SQLite defaults':>34} {cpu1 / cpu0:>9.2f}x {wall1 / wall0:>10.2f}x")
 
 
 if __name__ == "__main__":

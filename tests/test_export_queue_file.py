@@ -1,0 +1,56 @@
+"""The export queue's file: the page size a new file gets, and a file made with SQLite's default
+pages (as earlier versions made it) opened as it is, its requests intact."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from otel_plumb.export import queue
+from otel_plumb.export.queue import DiskQueue
+
+
+def pragma(path: Path, name: str) -> int:
+    with sqlite3.connect(path) as db:
+        return int(db.execute(f"PRAGMA {name}").fetchone()[0])
+
+
+async def test_a_new_queue_file_has_large_pages_and_a_checkpoint_in_bytes(tmp_path: Path) -> None:
+    q = DiskQueue(tmp_path / "queue.db")
+    await q.open()
+    journal_id = await q.journal(b"request" * 10_000)
+    [batch_id] = await q.put([(b"batch" * 20_000, 3)], [(journal_id, b"t" * 16)], [journal_id])
+    assert q._db is not None
+    assert q._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == (16 << 20) // 16384
+    assert await q.journaled() == []
+    assert await q.load(0, 100) == [(batch_id, b"batch" * 20_000, 3)]
+    await q.close()
+    assert pragma(tmp_path / "queue.db", "page_size") == 16384 == queue.PAGE_SIZE
+
+
+async def test_a_file_with_small_pages_keeps_them_and_its_requests(tmp_path: Path) -> None:
+    path = tmp_path / "queue.db"
+    old_page_size = queue.PAGE_SIZE
+    queue.PAGE_SIZE = 4096
+    try:
+        q = DiskQueue(path)
+        await q.open()
+        journal_id = await q.journal(b"received" * 5_000)
+        [batch_id] = await q.put([(b"queued" * 5_000, 2)], [(journal_id, b"a" * 16)], [])
+        await q.close()
+    finally:
+        queue.PAGE_SIZE = old_page_size
+    assert pragma(path, "page_size") == 4096
+
+    q = DiskQueue(path)
+    first, count, spans, size = await q.open()
+    assert (first, count, spans, size) == (batch_id, 1, 2, len(b"queued" * 5_000))
+    assert await q.journaled() == [(journal_id, b"received" * 5_000, {b"a" * 16})]
+    assert q._db is not None
+    assert q._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == (16 << 20) // 4096
+    # It goes on taking requests at its own page size.
+    [later] = await q.put([(b"more" * 10_000, 1)], [], [journal_id])
+    assert [row[0] for row in await q.load(0, 100)] == [batch_id, later]
+    assert await q.journaled() == []
+    await q.close()
+    assert pragma(path, "page_size") == 4096
