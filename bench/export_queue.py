@@ -59,7 +59,7 @@ def run(settings: tuple[int, int], request_bytes: int, requests: int) -> tuple[f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="runs each way, alternately")
-    parser.add_argument("--megabytes", type=int, default=100, help="request bytes per run")
+    parser.add_argument("--megabytes", type=int, default=100, help="MB of requests per run, each size")
     args = parser.parse_args()
     print(f"{args.megabytes} MB of requests per run, median of {args.rounds}")
     print(f"{'request':>9} {'settings':>34} {'CPU us/KB':>10} {'wall us/KB':>11}")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from otel_plumb.export import queue
 from otel_plumb.export.queue import DiskQueue
 
@@ -28,18 +30,17 @@ async def test_a_new_queue_file_has_large_pages_and_a_checkpoint_in_bytes(tmp_pa
     assert pragma(tmp_path / "queue.db", "page_size") == 16384 == queue.PAGE_SIZE
 
 
-async def test_a_file_with_small_pages_keeps_them_and_its_requests(tmp_path: Path) -> None:
+async def test_a_file_with_small_pages_keeps_them_and_its_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "queue.db"
-    old_page_size = queue.PAGE_SIZE
-    queue.PAGE_SIZE = 4096
-    try:
+    with monkeypatch.context() as patch:
+        patch.setattr(queue, "PAGE_SIZE", 4096)
         q = DiskQueue(path)
         await q.open()
         journal_id = await q.journal(b"received" * 5_000)
         [batch_id] = await q.put([(b"queued" * 5_000, 2)], [(journal_id, b"a" * 16)], [])
         await q.close()
-    finally:
-        queue.PAGE_SIZE = old_page_size
     assert pragma(path, "page_size") == 4096
 
     q = DiskQueue(path)

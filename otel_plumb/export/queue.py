@@ -30,7 +30,7 @@ T = TypeVar("T")
 
 # Page size of a new queue file. Bodies are whole requests (hundreds of KB at full load, when
 # SDKs send full 512-span batches), stored as chains of overflow pages: at 16 KiB rather than
-# SQLite's 4 KiB a third fewer CPU per byte goes on writing, checkpointing and deleting those
+# SQLite's 4 KiB a third less CPU per byte goes on writing, checkpointing and deleting those
 # chains. Small requests pay more (each commit writes whole pages), but they come at low load,
 # when a batching exporter flushes on its timer (measured both: bench/export_queue.py). A file
 # made with another page size keeps it (WAL mode fixes it).
