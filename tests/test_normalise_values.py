@@ -1,11 +1,12 @@
 import json
+import re
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from otel_plumb.normalise import decode, is_placeholder
-from otel_plumb.normalise.values import PLACEHOLDERS
+from otel_plumb.normalise.values import PLACEHOLDERS, _long_digit_run
 
 
 @pytest.mark.parametrize(
@@ -82,3 +83,29 @@ def test_decode_never_raises(raw):
     d = decode(raw)
     assert d.status in ("captured", "absent", "redacted", "undecodable")
     assert (d.reason is not None) == (d.status in ("redacted", "undecodable"))
+
+
+digit_texts = st.lists(
+    st.sampled_from([b"1", b"9", b"0", b"x", b".", b",", b"{", b" "]) | st.binary(max_size=4)
+    | st.integers(0, 10**25).map(lambda n: str(n).encode()),
+    max_size=30,
+).map(b"".join)
+
+
+@given(digit_texts)
+def test_a_long_digit_run_is_found_exactly_when_there_is_one(data):
+    # The run that sends a text to json's path (orjson would make an integer beyond 64 bits a float).
+    assert _long_digit_run(data) == (re.search(rb"[0-9]{19}", data) is not None)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "[1234567890, 1234567890, 123456789012345678]",  # 38 digits, no run of 19: orjson's path
+        '{"id": 1234567890123456789}',  # a run of 19: json's path, exact
+        '{"ids": [9' + "0" * 40 + ", 7]}",
+    ],
+)
+def test_integers_decode_exactly_whichever_parser_reads_them(raw):
+    d = decode(raw)
+    assert d.status == "captured" and d.value == json.loads(raw)

@@ -47,10 +47,18 @@ PLACEHOLDERS = frozenset(
 _LITERAL_EVAL_MAX = 200_000
 _OPENERS = ("{", "[")
 # orjson turns integers beyond 64 bits into floats: text with a run of 19 digits takes json's
-# path. Found with one bytes.translate (digits -> "0", all else -> "."), then a count of the
-# digits (most payloads hold fewer than 19 in all) and only then a substring search.
+# path. Most payloads hold fewer than 19 digits in all, which one bytes.translate deleting every
+# other byte shows (in a third of the time of mapping digits and counting them); only then are
+# the digits mapped to "0" and everything else to "." for a substring search.
+_NOT_DIGITS = bytes(i for i in range(256) if not 0x30 <= i <= 0x39)
 _DIGITS_TO_ZERO = bytes(0x30 if 0x30 <= i <= 0x39 else 0x2E for i in range(256))
 _LONG_DIGIT_RUN = b"0" * 19
+
+
+def _long_digit_run(data: bytes) -> bool:
+    if len(data.translate(None, _NOT_DIGITS)) < len(_LONG_DIGIT_RUN):
+        return False
+    return _LONG_DIGIT_RUN in data.translate(_DIGITS_TO_ZERO)
 # Double (or deeper) encoding is unwound at most this many times.
 _MAX_UNWRAP = 3
 
@@ -100,8 +108,7 @@ def _decode_text(text: str) -> Decoded:
             data = text.encode()
         except UnicodeEncodeError:
             data = b""  # lone surrogates: json's path below
-        digits = data.translate(_DIGITS_TO_ZERO)
-        if data and (digits.count(48) < len(_LONG_DIGIT_RUN) or _LONG_DIGIT_RUN not in digits):
+        if data and not _long_digit_run(data):
             try:
                 value = orjson.loads(data)
             except orjson.JSONDecodeError:
