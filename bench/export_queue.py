@@ -1,6 +1,7 @@
 """Export queue benchmark: what the on-disk queue costs per byte of span data, with SQLite's
-defaults (4 KiB pages, a 1,000-page WAL checkpoint) and with the queue's settings
-(``export.queue.PAGE_SIZE``, ``WAL_CHECKPOINT_BYTES``), alternately in one run, for full
+defaults (4 KiB pages, a 1,000-page WAL checkpoint, secure_delete as this build of SQLite has it:
+on in Debian's) and with the queue's settings (``export.queue.PAGE_SIZE``,
+``WAL_CHECKPOINT_BYTES``, ``SECURE_DELETE``), alternately in one run, for full
 requests (300 KB: a 512-span batch of agent spans with 1 KB of content per model call, what
 SDKs send at load) and small ones (2 KB: a batch flushed on its timer at low load, or one span
 per request).
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import sqlite3
 import statistics
 import tempfile
 import time
@@ -27,15 +29,17 @@ from pathlib import Path
 
 from otel_plumb.export import queue
 
-SQLITE_DEFAULTS = (4096, 1000 * 4096)  # page size, WAL checkpoint in bytes
-OURS = (queue.PAGE_SIZE, queue.WAL_CHECKPOINT_BYTES)
+# Page size, WAL checkpoint in bytes, secure_delete (this build's default: on in Debian's).
+BUILD_SECURE_DELETE = ("OFF", "ON", "FAST")[sqlite3.connect(":memory:").execute("PRAGMA secure_delete").fetchone()[0]]
+SQLITE_DEFAULTS = (4096, 1000 * 4096, BUILD_SECURE_DELETE)
+OURS = (queue.PAGE_SIZE, queue.WAL_CHECKPOINT_BYTES, queue.SECURE_DELETE)
 REQUEST_SIZES = (300_000, 2_000)
 IN_FLIGHT = 8  # batches queued before the oldest are acknowledged
 
 
-def run(settings: tuple[int, int], request_bytes: int, requests: int) -> tuple[float, float]:
+def run(settings: tuple[int, int, str], request_bytes: int, requests: int) -> tuple[float, float]:
     """CPU and wall microseconds per KB of request through a new queue file with ``settings``."""
-    queue.PAGE_SIZE, queue.WAL_CHECKPOINT_BYTES = settings
+    queue.PAGE_SIZE, queue.WAL_CHECKPOINT_BYTES, queue.SECURE_DELETE = settings
     with tempfile.TemporaryDirectory() as tmp:
         q = queue.DiskQueue(Path(tmp) / "queue.db")
         q._open()
@@ -62,21 +66,21 @@ def main() -> None:
     parser.add_argument("--megabytes", type=int, default=100, help="MB of requests per run, each size")
     args = parser.parse_args()
     print(f"{args.megabytes} MB of requests per run, median of {args.rounds}")
-    print(f"{'request':>9} {'settings':>34} {'CPU us/KB':>10} {'wall us/KB':>11}")
+    print(f"{'request':>9} {'settings':>52} {'CPU us/KB':>10} {'wall us/KB':>11}")
     for request_bytes in REQUEST_SIZES:
         requests = args.megabytes * 1_000_000 // request_bytes
-        results: dict[tuple[int, int], list[tuple[float, float]]] = {SQLITE_DEFAULTS: [], OURS: []}
+        results: dict[tuple[int, int, str], list[tuple[float, float]]] = {SQLITE_DEFAULTS: [], OURS: []}
         for _ in range(args.rounds):
             for settings in results:
                 results[settings].append(run(settings, request_bytes, requests))
         medians = {}
-        for (page, checkpoint), runs in results.items():
+        for (page, checkpoint, secure_delete), runs in results.items():
             cpu, wall = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
-            medians[page, checkpoint] = (cpu, wall)
-            label = f"{page // 1024} KiB pages, {checkpoint / 2**20:.0f} MiB WAL"
-            print(f"{request_bytes:>9,} {label:>34} {cpu:>10.2f} {wall:>11.2f}")
+            medians[page, checkpoint, secure_delete] = (cpu, wall)
+            label = f"{page // 1024} KiB pages, {checkpoint / 2**20:.0f} MiB WAL, secure_delete {secure_delete}"
+            print(f"{request_bytes:>9,} {label:>52} {cpu:>10.2f} {wall:>11.2f}")
         (cpu0, wall0), (cpu1, wall1) = medians[SQLITE_DEFAULTS], medians[OURS]
-        print(f"{'':>9} {'queue / SQLite defaults':>34} {cpu1 / cpu0:>9.2f}x {wall1 / wall0:>10.2f}x")
+        print(f"{'':>9} {'queue / SQLite defaults':>52} {cpu1 / cpu0:>9.2f}x {wall1 / wall0:>10.2f}x")
 
 
 if __name__ == "__main__":

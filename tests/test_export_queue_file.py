@@ -1,9 +1,12 @@
-"""The export queue's file: the page size a new file gets, and a file made with SQLite's default
-pages (as earlier versions made it) opened as it is, its requests intact."""
+"""The export queue's file: the page size a new file gets, a file made with SQLite's default
+pages (as earlier versions made it) opened as it is, its requests intact; a delete that does not
+write the deleted bytes again; the state directory the exporter makes."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 from pathlib import Path
 
 import pytest
@@ -55,3 +58,38 @@ async def test_a_file_with_small_pages_keeps_them_and_its_requests(
     assert await q.journaled() == []
     await q.close()
     assert pragma(path, "page_size") == 4096
+
+
+async def test_deleting_a_request_does_not_write_its_bytes_again(tmp_path: Path) -> None:
+    # Builds of SQLite with secure_delete on by default (Debian's) overwrite every deleted byte
+    # with zeros: a second write of each request, into the WAL and then the database.
+    path = tmp_path / "queue.db"
+    q = DiskQueue(path)
+    await q.open()
+    [batch_id] = await q.put([(os.urandom(2 << 20), 512)], [], [])
+    assert q._db is not None
+    q._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert Path(f"{path}-wal").stat().st_size == 0
+    await q.delete([batch_id])
+    # The pages of the row's chain are put on the free list as they are: a few pages written, not 2 MiB.
+    assert Path(f"{path}-wal").stat().st_size < 256 << 10
+    assert await q.load(0, 100) == []
+    await q.close()
+
+
+async def test_the_exporter_makes_its_state_directory_private(tmp_path: Path) -> None:
+    from otel_plumb.export.config import OtlpExporterConfig
+    from otel_plumb.export.metrics import Metrics
+    from otel_plumb.export.otlp import OtlpExporter
+
+    for state_dir, mode in ((tmp_path / "new" / "state", 0o700), (tmp_path / "mounted", 0o755)):
+        if mode != 0o700:
+            state_dir.mkdir(mode=mode)
+            state_dir.chmod(mode)  # whatever the umask: a volume mounted as its operator set it up
+        config = OtlpExporterConfig(endpoint="grpc://127.0.0.1:9", state_dir=str(state_dir))
+        exporter = OtlpExporter(config, Metrics())
+        await exporter.start()
+        try:
+            assert stat.S_IMODE(state_dir.stat().st_mode) == mode
+        finally:
+            await exporter.stop()

@@ -177,7 +177,9 @@ class OtlpExporter:
         return self.queued_spans + self.held_spans >= q.max_spans or self.queued_bytes >= q.max_bytes
 
     async def start(self) -> None:
-        self._state_dir.mkdir(parents=True, exist_ok=True)
+        # The queue holds span content: a state directory made here is readable by its owner only
+        # (one that exists, a mounted volume, keeps the permissions it was given).
+        self._state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._lock_file = open(self._state_dir / f"{self.name}.lock", "w")  # noqa: SIM115 - held for the process life
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
