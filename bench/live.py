@@ -39,6 +39,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -458,6 +459,7 @@ async def main(args: argparse.Namespace) -> None:
             print(f"processor peak RSS after the soak: {rss_kib(proc.pid, 'VmHWM') / 1024:,.0f} MiB")
     finally:
         await stop_processor(proc, sink)
+        shutil.rmtree(tmp, ignore_errors=True)  # its queue: GBs at 100 KB per model call
 
 
 def count_spans(requests: list[tuple[bytes, list[bytes]]]) -> int:
@@ -511,6 +513,7 @@ async def run_point(
         metrics = await asyncio.to_thread(scrape, metrics_port)
     finally:
         await stop_processor(proc, sink)
+        shutil.rmtree(tmp, ignore_errors=True)  # its queue: GBs at 100 KB per model call
     return {
         "rate": total / e2e_s, "noop": total / noop_s, "cpu_us": proc_cpu / total * 1e6, "at_sink": sink.spans,
         "throttles": throttles, "peak_mib": peak_kib / 1024,

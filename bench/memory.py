@@ -17,6 +17,7 @@ import asyncio
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -77,6 +78,7 @@ async def measure(traces: int, per_trace: int) -> dict[str, float]:
         in_flight = processor.intake.traces_in_flight
     finally:
         await processor.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     return {"spans": spans, "traces": in_flight, "wire": wire / spans, "rss": grown / spans,
             "cpu_us": cpu / spans * 1e6}  # fmt: skip
 
