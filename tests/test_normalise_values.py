@@ -86,7 +86,8 @@ def test_decode_never_raises(raw):
 
 
 digit_texts = st.lists(
-    st.sampled_from([b"1", b"9", b"0", b"x", b".", b",", b"{", b" "]) | st.binary(max_size=4)
+    st.sampled_from([b"1", b"9", b"0", b"x", b".", b",", b"{", b" "])
+    | st.binary(max_size=4)
     | st.integers(0, 10**25).map(lambda n: str(n).encode()),
     max_size=30,
 ).map(b"".join)

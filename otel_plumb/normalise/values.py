@@ -53,14 +53,14 @@ _OPENERS = ("{", "[")
 _NOT_DIGITS = bytes(i for i in range(256) if not 0x30 <= i <= 0x39)
 _DIGITS_TO_ZERO = bytes(0x30 if 0x30 <= i <= 0x39 else 0x2E for i in range(256))
 _LONG_DIGIT_RUN = b"0" * 19
+# Double (or deeper) encoding is unwound at most this many times.
+_MAX_UNWRAP = 3
 
 
 def _long_digit_run(data: bytes) -> bool:
     if len(data.translate(None, _NOT_DIGITS)) < len(_LONG_DIGIT_RUN):
         return False
     return _LONG_DIGIT_RUN in data.translate(_DIGITS_TO_ZERO)
-# Double (or deeper) encoding is unwound at most this many times.
-_MAX_UNWRAP = 3
 
 
 class Decoded(NamedTuple):
