@@ -29,8 +29,8 @@ from pathlib import Path
 
 from otel_plumb.export import queue
 
-# Page size, WAL checkpoint in bytes, secure_delete (this build's default: on in Debian's).
 BUILD_SECURE_DELETE = ("OFF", "ON", "FAST")[sqlite3.connect(":memory:").execute("PRAGMA secure_delete").fetchone()[0]]
+# Page size, WAL checkpoint in bytes, secure_delete (this build's default: on in Debian's).
 SQLITE_DEFAULTS = (4096, 1000 * 4096, BUILD_SECURE_DELETE)
 OURS = (queue.PAGE_SIZE, queue.WAL_CHECKPOINT_BYTES, queue.SECURE_DELETE)
 REQUEST_SIZES = (300_000, 2_000)

@@ -24,8 +24,8 @@ HTTP and database client spans no convention reads, and ``--payload`` bytes of m
 on each model call. Each run first sends one wave of other traces of the same shape and waits
 for their export, then measures: a long-running processor's heap has grown to its working set
 already (without the wave, a run at 100 KB per model call spends half its CPU in the kernel
-zeroing the pages of a heap growing to 2 GB). A sweep prints, per point, spans/s end to end, the processor's CPU
-microseconds per span, the ratio to the no-op receiver on the same requests (measured in the
+zeroing the pages of a heap growing to 2 GB). A sweep prints, per point, spans/s end to end,
+the processor's CPU microseconds per span, the ratio to the no-op receiver on the same requests (measured in the
 same run), requests throttled, the processor's peak RSS and its growth over the RSS at start per
 span buffered at once (meaningful once those dominate: many traces in flight), and the ratio of
 the largest to the smallest CPU per span (flat cost: near 1). Decision latency is the default
@@ -261,6 +261,12 @@ class Sink:
                         self.root_arrival[span.trace_id] = now
         return ExportTraceServiceResponse().SerializeToString()
 
+    async def wait_for(self, spans: int, timeout: float) -> None:
+        """Until ``spans`` spans have arrived, or ``timeout`` seconds have passed."""
+        deadline = time.monotonic() + timeout
+        while self.spans < spans and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
     async def start(self) -> int:
         self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
         handler = grpc.unary_unary_rpc_method_handler(self.export)
@@ -414,9 +420,7 @@ async def main(args: argparse.Namespace) -> None:
         # to show whether the sender, which shares the cores, holds the processor back.
         own_cpu, proc_cpu = time.process_time(), cpu_seconds(proc.pid)
         ingest_s, acked, throttles = await send_all(grpc_port, requests, args.concurrency)
-        deadline = time.monotonic() + 120
-        while sink.spans < total and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await sink.wait_for(total, 120)
         e2e_s = time.monotonic() - start
         own_cpu, proc_cpu = time.process_time() - own_cpu, cpu_seconds(proc.pid) - proc_cpu
         metrics = await asyncio.to_thread(scrape, metrics_port)
@@ -473,7 +477,7 @@ def count_spans(requests: list[tuple[bytes, list[bytes]]]) -> int:
 
 async def run_point(
     requests: list[tuple[bytes, list[bytes]]], total: int, buffered_max: int, args: argparse.Namespace,
-    warm_up: list[tuple[bytes, list[bytes]]] | None = None,
+    warm_up: list[tuple[bytes, list[bytes]]],
 ) -> dict[str, float]:
     """One measurement: the no-op receiver on ``requests``, then the processor (annotate export to
     a sink) on the same; spans/s end to end, the processor's CPU per span, its peak RSS over its
@@ -494,19 +498,13 @@ async def run_point(
     ), 60)
     try:
         ready_kib = rss_kib(proc.pid)
-        if warm_up:
-            warm_total = count_spans(warm_up)
-            await send_all(grpc_port, warm_up, args.concurrency)
-            deadline = time.monotonic() + 600
-            while sink.spans < warm_total and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            sink.spans = 0
+        await send_all(grpc_port, warm_up, args.concurrency)
+        await sink.wait_for(count_spans(warm_up), 600)
+        sink.spans = 0
         start = time.monotonic()
         proc_cpu = cpu_seconds(proc.pid)
         _, _, throttles = await send_all(grpc_port, requests, args.concurrency)
-        deadline = time.monotonic() + 600
-        while sink.spans < total and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await sink.wait_for(total, 600)
         e2e_s = time.monotonic() - start
         proc_cpu = cpu_seconds(proc.pid) - proc_cpu
         peak_kib = rss_kib(proc.pid, "VmHWM")

@@ -82,14 +82,12 @@ async def test_the_exporter_makes_its_state_directory_private(tmp_path: Path) ->
     from otel_plumb.export.metrics import Metrics
     from otel_plumb.export.otlp import OtlpExporter
 
-    for state_dir, mode in ((tmp_path / "new" / "state", 0o700), (tmp_path / "mounted", 0o755)):
-        if mode != 0o700:
-            state_dir.mkdir(mode=mode)
-            state_dir.chmod(mode)  # whatever the umask: a volume mounted as its operator set it up
-        config = OtlpExporterConfig(endpoint="grpc://127.0.0.1:9", state_dir=str(state_dir))
-        exporter = OtlpExporter(config, Metrics())
+    new, mounted = tmp_path / "new" / "state", tmp_path / "mounted"
+    mounted.mkdir()
+    mounted.chmod(0o755)  # whatever the umask: a volume mounted as its operator set it up
+    for state_dir in (new, mounted):
+        exporter = OtlpExporter(OtlpExporterConfig(endpoint="grpc://127.0.0.1:9", state_dir=str(state_dir)), Metrics())
         await exporter.start()
-        try:
-            assert stat.S_IMODE(state_dir.stat().st_mode) == mode
-        finally:
-            await exporter.stop()
+        await exporter.stop()
+    assert stat.S_IMODE(new.stat().st_mode) == 0o700
+    assert stat.S_IMODE(mounted.stat().st_mode) == 0o755
