@@ -1,6 +1,6 @@
-"""The export queue's file: the page size a new file gets, a file made with SQLite's default
-pages (as earlier versions made it) opened as it is, its requests intact; a delete that does not
-write the deleted bytes again; the state directory the exporter makes."""
+"""The export queue's files: request bodies are not written into the SQLite file (its WAL takes
+only their index rows), an earlier version's file with its bodies in rows given back its pages,
+and the state directory the exporter makes."""
 
 from __future__ import annotations
 
@@ -9,72 +9,36 @@ import sqlite3
 import stat
 from pathlib import Path
 
-import pytest
-
-from otel_plumb.export import queue
 from otel_plumb.export.queue import DiskQueue
 
 
-def pragma(path: Path, name: str) -> int:
-    with sqlite3.connect(path) as db:
-        return int(db.execute(f"PRAGMA {name}").fetchone()[0])
-
-
-async def test_a_new_queue_file_has_large_pages_and_a_checkpoint_in_bytes(tmp_path: Path) -> None:
-    q = DiskQueue(tmp_path / "queue.db")
-    await q.open()
-    journal_id = await q.journal(b"request" * 10_000)
-    [batch_id] = await q.put([(b"batch" * 20_000, 3)], [(journal_id, b"t" * 16)], [journal_id])
-    assert q._db is not None
-    assert q._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == (16 << 20) // 16384
-    assert await q.journaled() == []
-    assert await q.load(0, 100) == [(batch_id, b"batch" * 20_000, 3)]
-    await q.close()
-    assert pragma(tmp_path / "queue.db", "page_size") == 16384 == queue.PAGE_SIZE
-
-
-async def test_a_file_with_small_pages_keeps_them_and_its_requests(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = tmp_path / "queue.db"
-    with monkeypatch.context() as patch:
-        patch.setattr(queue, "PAGE_SIZE", 4096)
-        q = DiskQueue(path)
-        await q.open()
-        journal_id = await q.journal(b"received" * 5_000)
-        [batch_id] = await q.put([(b"queued" * 5_000, 2)], [(journal_id, b"a" * 16)], [])
-        await q.close()
-    assert pragma(path, "page_size") == 4096
-
-    q = DiskQueue(path)
-    first, count, spans, size = await q.open()
-    assert (first, count, spans, size) == (batch_id, 1, 2, len(b"queued" * 5_000))
-    assert await q.journaled() == [(journal_id, b"received" * 5_000, {b"a" * 16})]
-    assert q._db is not None
-    assert q._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == (16 << 20) // 4096
-    # It goes on taking requests at its own page size.
-    [later] = await q.put([(b"more" * 10_000, 1)], [], [journal_id])
-    assert [row[0] for row in await q.load(0, 100)] == [batch_id, later]
-    assert await q.journaled() == []
-    await q.close()
-    assert pragma(path, "page_size") == 4096
-
-
-async def test_deleting_a_request_does_not_write_its_bytes_again(tmp_path: Path) -> None:
-    # Builds of SQLite with secure_delete on by default (Debian's) overwrite every deleted byte
-    # with zeros: a second write of each request, into the WAL and then the database.
+async def test_bodies_go_to_the_segments_not_into_the_database(tmp_path: Path) -> None:
+    # Kept in rows, a body was written into the WAL, again into the database at checkpoint, and
+    # its chain of pages read once more to free it.
     path = tmp_path / "queue.db"
     q = DiskQueue(path)
     await q.open()
-    [batch_id] = await q.put([(os.urandom(2 << 20), 512)], [], [])
-    assert q._db is not None
-    q._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    assert Path(f"{path}-wal").stat().st_size == 0
+    journal_id = await q.journal(os.urandom(2 << 20))
+    [batch_id] = await q.put([(os.urandom(2 << 20), 512)], [], [journal_id])
     await q.delete([batch_id])
-    # The pages of the row's chain are put on the free list as they are: a few pages written, not 2 MiB.
-    assert Path(f"{path}-wal").stat().st_size < 256 << 10
-    assert await q.load(0, 100) == []
+    assert Path(f"{path}-wal").stat().st_size + path.stat().st_size < 256 << 10
+    segments = sum(p.stat().st_size for p in Path(f"{path}-segments").rglob("*.seg"))
+    assert segments >= 4 << 20  # the two bodies, written once each (the files are kept for reuse)
     await q.close()
+
+
+async def test_an_earlier_versions_file_gives_back_the_pages_its_bodies_took(tmp_path: Path) -> None:
+    path = tmp_path / "queue.db"
+    with sqlite3.connect(path) as db:  # the tables as earlier versions made them, a request in each
+        db.execute("CREATE TABLE batches (id INTEGER PRIMARY KEY AUTOINCREMENT, spans INTEGER, body BLOB)")
+        db.execute("CREATE TABLE journal (id INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB)")
+        db.execute("INSERT INTO batches (spans, body) VALUES (1, ?)", (os.urandom(4 << 20),))
+        db.execute("INSERT INTO journal (body) VALUES (?)", (os.urandom(4 << 20),))
+    assert path.stat().st_size > 8 << 20
+    q = DiskQueue(path)
+    assert (await q.open())[1:3] == (1, 1)
+    await q.close()
+    assert path.stat().st_size < 1 << 20
 
 
 async def test_the_exporter_makes_its_state_directory_private(tmp_path: Path) -> None:

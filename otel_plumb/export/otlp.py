@@ -305,7 +305,27 @@ class OtlpExporter:
             raise self._storage_failed("release", exc) from exc
 
     async def journaled(self) -> list[tuple[int, bytes, set[bytes]]]:
-        return await self._queue.journaled()
+        """Journaled requests left by a previous run; those that cannot be read back are logged,
+        counted (``operation="journal_read"``) and dropped."""
+        entries = await self._queue.journaled()
+        self._report_unreadable()
+        return entries
+
+    def _report_unreadable(self) -> None:
+        """Bodies the queue could not read back (a damaged or lost segment file): dropped there;
+        logged, counted, and taken out of the queue's counts here."""
+        for lost in self._queue.unreadable:
+            self._metrics.storage_errors.labels(f"{lost.table}_read").inc()
+            if lost.table == "batches":
+                self.queued_spans -= lost.spans
+                self.queued_bytes -= lost.length
+                self._metrics.spans_dropped.labels("export_unreadable").inc(lost.spans)
+            log.error(
+                "UNREADABLE %s: %s %d (%s) is dropped; its %s", lost.table.upper(), lost.table, lost.row_id, lost.why,
+                f"{lost.spans} spans are not sent" if lost.table == "batches" else "spans cannot be replayed",
+            )  # fmt: skip
+        self._queue.unreadable.clear()
+        self._update_gauge()
 
     def hold(self, spans: int) -> None:
         """The caller holds ``spans`` more (or, negative, fewer) accepted spans that could not be
@@ -377,6 +397,7 @@ class OtlpExporter:
 
     async def _load(self) -> None:
         rows = await self._queue.load(self._loaded_upto, self.config.queue.memory_spans)
+        self._report_unreadable()
         for batch_id, body, spans in rows:
             if batch_id > self._loaded_upto:
                 self._mem.append(_Batch(batch_id, body, spans))

@@ -1,0 +1,268 @@
+"""The receive journal and the export queue: bodies in segment files beside the queue file,
+indexed in it.
+
+What they must do whatever the order of their operations: give back, after a restart, exactly
+the requests journaled and not released and the batches queued and not deleted, byte for byte;
+never give back bytes that are not the body (damaged, cut short, a reused file's old bytes);
+keep their files bounded by what is live; and take over the bodies an earlier version kept in
+the database itself."""
+
+from __future__ import annotations
+
+import os
+import resource
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otel_plumb.export import segments
+from otel_plumb.export.queue import DiskQueue
+
+
+def opened(path: Path) -> DiskQueue:
+    q = DiskQueue(path)
+    q._open()
+    return q
+
+
+def segment_files(path: Path, kind: str = "journal") -> list[Path]:
+    return sorted(Path(f"{path}-segments", kind).glob("*.seg"))
+
+
+def queued(q: DiskQueue) -> dict[int, tuple[bytes, int]]:
+    return {batch_id: (body, spans) for batch_id, body, spans in q._load(0, 1 << 30)}
+
+
+@pytest.fixture
+def small_segments(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Segments of 4 KiB: a few requests each, so that rolls, reuse and compaction all happen.
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 4096)
+
+
+def test_a_restart_gives_back_what_was_not_released(tmp_path: Path) -> None:
+    path = tmp_path / "q.sqlite"
+    q = opened(path)
+    bodies = [os.urandom(n) for n in (10, 70_000, 1, 300)]
+    ids = [q._journal(body) for body in bodies]
+    q._put([(b"batch", 1)], [(ids[1], b"t" * 16)], [ids[0]])
+    q._release([ids[3]])
+    q._close()
+    q = opened(path)
+    assert q._journaled() == [(ids[1], bodies[1], {b"t" * 16}), (ids[2], bodies[2], set())]
+    assert q.unreadable == []
+    q._close()
+
+
+def test_a_restart_gives_back_the_batches_not_acknowledged(tmp_path: Path) -> None:
+    path = tmp_path / "q.sqlite"
+    q = opened(path)
+    batches = [(os.urandom(n), spans) for spans, n in enumerate((5, 300_000, 2_000, 40), start=1)]
+    ids = q._put(batches[:2], [], []) + q._put(batches[2:], [], [])
+    q._delete([ids[0], ids[2]])
+    q._close()
+    q = DiskQueue(path)
+    first, count, spans, size = q._open()
+    assert (first, count, spans, size) == (ids[1], 2, 2 + 4, 300_000 + 40)
+    assert queued(q) == {ids[1]: batches[1], ids[3]: batches[3]}
+    assert [row[0] for row in q._load(ids[1], 1)] == [ids[3]]  # after an id, up to a span count
+    q._close()
+
+
+@pytest.mark.parametrize("damage", ["flip", "cut", "gone"])
+def test_journaled_bytes_that_are_not_the_request_are_never_given_back(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "q.sqlite"
+    q = opened(path)
+    kept, damaged = b"k" * 5000, b"d" * 5000
+    kept_id, damaged_id = q._journal(kept), q._journal(damaged)
+    q._close()
+    [segment] = segment_files(path)
+    if damage == "flip":  # what an OS crash leaves when the index was written and the file not
+        with open(segment, "r+b") as f:
+            f.seek(len(kept) + 100)
+            f.write(b"x")
+    elif damage == "cut":
+        os.truncate(segment, len(kept) + 10)
+    else:
+        segment.unlink()
+    q = opened(path)
+    entries = q._journaled()
+    if damage == "gone":
+        assert entries == [] and [lost.row_id for lost in q.unreadable] == [kept_id, damaged_id]
+    else:
+        assert entries == [(kept_id, kept, set())]
+        [lost] = q.unreadable
+        assert (lost.table, lost.row_id) == ("journal", damaged_id)
+        assert "checksum" in lost.why if damage == "flip" else "cut short" in lost.why, lost.why
+    q.unreadable.clear()
+    # A new segment does not take the number of a missing one the index pointed at.
+    later = q._journal(b"later" * 100)
+    q._close()
+    # Dropped from the index: the next start does not report them again.
+    q = opened(path)
+    assert q._journaled() == [*entries, (later, b"later" * 100, set())] and q.unreadable == []
+    q._close()
+
+
+def test_a_damaged_batch_is_dropped_and_reported_not_sent(tmp_path: Path) -> None:
+    path = tmp_path / "q.sqlite"
+    q = opened(path)
+    [good, bad] = q._put([(b"g" * 4000, 3), (b"b" * 4000, 5)], [], [])
+    q._close()
+    [segment] = segment_files(path, "batches")
+    with open(segment, "r+b") as f:
+        f.seek(4000 + 1234)
+        f.write(b"x")
+    q = opened(path)
+    assert queued(q) == {good: (b"g" * 4000, 3)}
+    [lost] = q.unreadable
+    assert (lost.table, lost.row_id, lost.spans, lost.length) == ("batches", bad, 5, 4000)
+    q._close()
+    q = DiskQueue(path)
+    assert q._open() == (good, 1, 3, 4000)  # gone from the counts of the next start too
+    q._close()
+
+
+@pytest.mark.usefixtures("small_segments")
+def test_freed_segments_are_reused_not_multiplied(tmp_path: Path) -> None:
+    path = tmp_path / "q.sqlite"
+    q = opened(path)
+    inodes: set[int] = set()
+    for _ in range(200):
+        jid = q._journal(os.urandom(1500))
+        inodes |= {p.stat().st_ino for p in segment_files(path)}
+        q._release([jid])
+    # 200 requests of 1.5 KB went through 4 KiB segments: about 100 segments, in a few files.
+    assert len(inodes) <= 2 + segments.SPARE_SEGMENTS, len(inodes)
+    q._close()
+
+
+@pytest.mark.usefixtures("small_segments")
+def test_spares_are_deleted_once_kept_long_enough(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "q.sqlite"
+    q = opened(path)
+    ids = [q._journal(os.urandom(1500)) for _ in range(40)]
+    busiest = len(segment_files(path))
+    monkeypatch.setattr(segments, "SPARE_KEEP_S", 0.0)
+    q._release(ids)
+    q._journal(b"one more")
+    # What was needed at the peak is not kept once the load is gone.
+    assert busiest >= 10 and len(segment_files(path)) <= 1 + segments.SPARE_SEGMENTS
+    q._close()
+
+
+@pytest.mark.usefixtures("small_segments")
+def test_a_segment_held_by_a_few_requests_is_compacted(tmp_path: Path) -> None:
+    path = tmp_path / "q.sqlite"
+    q = opened(path)
+    bodies = {}
+    for i in range(300):
+        body = os.urandom(1000)
+        jid = q._journal(body)
+        bodies[jid] = body
+        if i % 8:  # one request in eight stays, a trace that is still waiting for its root
+            q._release([jid])
+            del bodies[jid]
+    live = sum(map(len, bodies.values()))
+    on_disk = sum(p.stat().st_size for p in segment_files(path))
+    # Without compaction every segment would be kept for its one live request: 300 KB of files.
+    assert on_disk <= 4 * live + (2 + segments.SPARE_SEGMENTS) * 2 * segments.SEGMENT_BYTES, (on_disk, live)
+    q._close()
+    q = opened(path)
+    assert {jid: body for jid, body, _ in q._journaled()} == bodies
+    q._close()
+
+
+def test_a_failed_write_takes_nothing_and_the_next_one_goes_over_it(tmp_path: Path) -> None:
+    path = tmp_path / "q.sqlite"
+    q = opened(path)
+    first = q._journal(b"a" * 3000)
+    saved = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, saved[1]))  # a write past 4 KiB fails (EFBIG)
+    try:
+        with pytest.raises(OSError):
+            q._journal(b"b" * 3000)  # 1 KiB of it is written before the limit
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, saved)
+    second = q._journal(b"c" * 3000)
+    q._close()
+    q = opened(path)
+    assert q._journaled() == [(first, b"a" * 3000, set()), (second, b"c" * 3000, set())]
+    q._close()
+
+
+def test_requests_journaled_in_the_database_by_an_earlier_version_are_taken_over(tmp_path: Path) -> None:
+    path = tmp_path / "q.sqlite"
+    with sqlite3.connect(path) as db:  # the tables as earlier versions made them
+        db.execute("CREATE TABLE batches (id INTEGER PRIMARY KEY AUTOINCREMENT, spans INTEGER, body BLOB)")
+        db.execute("CREATE TABLE journal (id INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB)")
+        db.execute("CREATE TABLE journal_done (jid INTEGER, trace_id BLOB, PRIMARY KEY (jid, trace_id)) WITHOUT ROWID")
+        db.executemany("INSERT INTO journal (id, body) VALUES (?, ?)", [(7, b"seven" * 1000), (9, b"nine")])
+        db.execute("INSERT INTO journal_done VALUES (7, ?)", (b"t" * 16,))
+        db.executemany("INSERT INTO batches (id, spans, body) VALUES (?, ?, ?)", [(4, 2, b"four" * 999), (5, 1, b"5")])
+    q = DiskQueue(path)
+    assert q._open() == (4, 2, 3, 4 * 999 + 1)
+    assert q._journaled() == [(7, b"seven" * 1000, {b"t" * 16}), (9, b"nine", set())]
+    assert queued(q) == {4: (b"four" * 999, 2), 5: (b"5", 1)}
+    assert q._db is not None
+    assert q._db.execute("SELECT name FROM sqlite_master WHERE name IN ('journal', 'batches')").fetchall() == []
+    # New ids follow the old ones: journal_done must not pair a new request with an old trace,
+    # and the sender sends batches in id order.
+    assert q._journal(b"new") > 9
+    assert q._put([(b"six", 1)], [], []) == [6]
+    q._close()
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("journal"), st.integers(0, 10_000)),
+        st.tuples(st.just("release"), st.integers(0, 50)),
+        st.tuples(st.just("queue"), st.integers(0, 10_000)),
+        st.tuples(st.just("acknowledge"), st.integers(0, 50)),
+        st.tuples(st.just("restart"), st.just(0)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=operations)
+def test_any_sequence_of_operations_gives_back_exactly_what_is_live(ops: list[tuple[str, int]]) -> None:
+    """Requests and batches of any size through 4 KiB segments: rolls, reuse and compaction."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(segments, "SEGMENT_BYTES", 4096)
+        path = Path(tmp) / "q.sqlite"
+        q = opened(path)
+        live: dict[int, bytes] = {}
+        batches: dict[int, tuple[bytes, int]] = {}
+        for n, (op, arg) in enumerate(ops):
+            body = bytes([n % 251]) * arg
+            if op == "journal":
+                live[q._journal(body)] = body
+            elif op == "queue":  # releasing a journaled request when there is one, as the processor does
+                released = [sorted(live)[arg % len(live)]] if live else []
+                put = [(body[: arg // (i + 1)], n + i) for i in range(1 + arg % 3)]  # one to three batches
+                batches.update(zip(q._put(put, [], released), put, strict=True))
+                for jid in released:
+                    del live[jid]
+            elif op == "release" and live:
+                jid = sorted(live)[arg % len(live)]
+                q._release([jid])
+                del live[jid]
+            elif op == "acknowledge" and batches:
+                batch_id = sorted(batches)[arg % len(batches)]
+                q._delete([batch_id])
+                del batches[batch_id]
+            elif op == "restart":
+                q._close()
+                q = opened(path)
+                assert {jid: body for jid, body, _ in q._journaled()} == live
+        q._close()
+        q = opened(path)
+        assert {jid: body for jid, body, _ in q._journaled()} == live and queued(q) == batches
+        assert q.unreadable == []
+        q._close()
