@@ -15,6 +15,7 @@ import json
 import os
 import resource
 import signal
+import sqlite3
 import subprocess
 import time
 from collections import Counter
@@ -601,10 +602,70 @@ async def test_corrupt_queue_file_is_moved_aside_and_a_fresh_queue_started(tmp_p
         assert any("EXPORT QUEUE CORRUPT" in line for line in log), "".join(log)
         assert not any("Traceback" in line for line in log), "".join(log)
         aside = list((tmp_path / "state").glob("otlp-queue.sqlite.corrupt-*"))
-        assert [p.name for p in aside if not p.name.endswith(("-wal", "-shm"))], aside
+        assert [p.name for p in aside if not p.name.endswith(("-wal", "-shm", "-segments"))], aside
+        # Its segment files go with it: a fresh index must not point into them.
+        assert [p for p in aside if p.name.endswith("-segments") and p.is_dir()], aside
         assert await _stop_cli(proc) == 0, "".join(log)
     finally:
         proc.kill()
+        await backend.stop()
+
+
+async def test_a_damaged_batch_is_reported_and_not_sent_and_the_rest_is_after_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A queued batch whose bytes in its segment no longer match its checksum (what an OS crash
+    can leave) is never sent as spans: it is logged, counted as a read failure and as dropped
+    spans, and every other queued batch still reaches the backend."""
+    down = True
+
+    async def answer(_request: ExportTraceServiceRequest, _call: int) -> Refusal | None:
+        return (grpc.StatusCode.UNAVAILABLE, "down", ()) if down else None
+
+    backend = FakeBackend(answer)
+    endpoint = await backend.start()
+    state = tmp_path / "state"
+    processor = Processor(config(tmp_path, endpoint))
+    await processor.start()
+    try:
+        assert processor.exporter is not None
+        exporter = processor.exporter
+        for queued, request in enumerate([trace_request() for _ in range(3)], start=1):
+            await processor.ingest(request, "grpc")  # decided alone: a batch of its own
+            await wait_until(lambda: exporter.queued_spans == 5 * queued, 10, "the trace queued")  # noqa: B023
+    finally:
+        await processor.stop(grace=0.2)
+    with sqlite3.connect(state / "otlp-queue.sqlite") as db:
+        rows = db.execute("SELECT segment, offset, length FROM batch_entries ORDER BY id").fetchall()
+    assert len(rows) == 3
+    [segment_file] = (state / "otlp-queue.sqlite-segments" / "batches").glob("*.seg")
+    spans = []
+    with open(segment_file, "r+b") as f:
+        for _segment, offset, length in rows:
+            f.seek(offset)
+            spans.append(set(span_ids(ExportTraceServiceRequest.FromString(f.read(length)))))
+        f.seek(rows[1][1] + rows[1][2] // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+    down = False
+    backend.arrived.clear()  # what the refused calls carried
+    processor = Processor(config(tmp_path, endpoint))
+    await processor.start()
+    try:
+        assert processor.metrics_port
+        await wait_until(lambda: set(backend.accepted) == spans[0] | spans[2], 10, "the intact batches sent")
+        text = await metrics_text(processor.metrics_port)
+        assert metric(text, "plumb_storage_errors_total", operation="batches_read") == 1
+        assert metric(text, "plumb_spans_dropped_total", reason="export_unreadable") == 5
+        assert metric(text, "plumb_export_queue_spans") == 0
+        assert not spans[1] & set(backend.arrived), "no span of the damaged batch was sent"
+        assert any(
+            "UNREADABLE BATCHES" in r.getMessage() and "checksum mismatch" in r.getMessage() for r in caplog.records
+        )
+    finally:
+        await processor.stop(grace=1)
         await backend.stop()
 
 

@@ -316,13 +316,15 @@ class OtlpExporter:
         logged, counted, and taken out of the queue's counts here."""
         for lost in self._queue.unreadable:
             self._metrics.storage_errors.labels(f"{lost.table}_read").inc()
-            if lost.table == "batches":
+            batch = lost.table == "batches"
+            if batch:
                 self.queued_spans -= lost.spans
                 self.queued_bytes -= lost.length
                 self._metrics.spans_dropped.labels("export_unreadable").inc(lost.spans)
             log.error(
-                "UNREADABLE %s: %s %d (%s) is dropped; its %s", lost.table.upper(), lost.table, lost.row_id, lost.why,
-                f"{lost.spans} spans are not sent" if lost.table == "batches" else "spans cannot be replayed",
+                "UNREADABLE %s: %s %d (%s) is dropped; %s", lost.table.upper(),
+                "batch" if batch else "journaled request", lost.row_id, lost.why,
+                f"its {lost.spans} spans are not sent" if batch else "its spans cannot be replayed",
             )  # fmt: skip
         self._queue.unreadable.clear()
         self._update_gauge()
