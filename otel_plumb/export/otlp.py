@@ -1,6 +1,6 @@
 """OTLP span export (gRPC or HTTP) from the on-disk queue, with retries and backoff.
 
-Every batch is written to the SQLite queue before it counts as accepted, kept in a bounded
+Every batch is written to the on-disk queue before it counts as accepted, kept in a bounded
 in-memory window for sending, and deleted only when the backend acknowledged it. Transient
 failures (gRPC UNAVAILABLE, RESOURCE_EXHAUSTED, ...; HTTP 429/502/503/504; connection errors)
 are retried with exponential backoff and jitter, honouring the backend's RetryInfo or

@@ -39,7 +39,8 @@ SEGMENT_BYTES = 64 << 20
 # SPARE_SEGMENTS are kept however long. The journal's working set is every request since the
 # oldest trace in flight began (gigabytes at 100 KB per model call, its size changing with the
 # load): spares that cover it keep the writes on cached pages, as a database file reuses its
-# free pages, and the files shrink again within a minute once the load drops.
+# free pages, and the files shrink again once the load drops (spares are trimmed at every
+# release, roll and retirement).
 SPARE_SEGMENTS = 2
 SPARE_KEEP_S = 60.0
 COMPACT_BELOW = 0.25
@@ -52,7 +53,7 @@ class _Segment:
     number: int
     fd: int
     end: int = 0  # bytes written (the file may be longer: a spare's old bytes)
-    live: int = 0  # bytes of the requests the index still points at
+    live: int = 0  # bytes of the bodies the index still points at
     entries: int = 0
     freed_at: float = 0.0  # when it became a spare (monotonic)
 
@@ -129,6 +130,7 @@ class Segments:
                 self._retire(segment)
             else:
                 self._check_sparse(segment)
+        self._trim_spares()
 
     def _check_sparse(self, segment: _Segment) -> None:
         if segment.live < COMPACT_BELOW * segment.end:
