@@ -140,6 +140,21 @@ def test_freed_segments_are_reused_not_multiplied(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("small_segments")
+def test_a_queue_of_many_segments_holds_one_file_open(tmp_path: Path) -> None:
+    # A queue of gigabytes during an outage is hundreds of segments: one descriptor each would
+    # run into the process's limit of open files.
+    path = tmp_path / "q.sqlite"
+    q = opened(path)
+    before = len(os.listdir("/proc/self/fd"))
+    batches = [(os.urandom(3000), 1) for _ in range(300)]
+    ids = [batch_id for batch in batches for batch_id in q._put([batch], [], [])]
+    assert len(segment_files(path, "batches")) >= 100
+    assert len(os.listdir("/proc/self/fd")) <= before + 1
+    assert queued(q) == dict(zip(ids, batches, strict=True))  # read back from the closed segments
+    q._close()
+
+
+@pytest.mark.usefixtures("small_segments")
 def test_spares_are_deleted_once_kept_long_enough(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "q.sqlite"
     q = opened(path)

@@ -19,7 +19,9 @@ written), it is listed by ``take_sparse``, and the caller copies its live reques
 current segment and frees it, so the files hold at most about four times the
 live bytes, plus the current segment and the spares.
 
-Not thread-safe: the queue calls it from its one storage thread.
+Only the segment being written is held open: a queue of gigabytes during a backend outage is
+hundreds of segments, and the others are read only at a restart or when the queue outgrows its
+memory window. Not thread-safe: the queue calls it from its one storage thread.
 """
 
 from __future__ import annotations
@@ -51,7 +53,6 @@ _NAME = re.compile(r"^(\d{1,18})\.seg$")
 @dataclass(slots=True)
 class _Segment:
     number: int
-    fd: int
     end: int = 0  # bytes written (the file may be longer: a spare's old bytes)
     live: int = 0  # bytes of the bodies the index still points at
     entries: int = 0
@@ -64,6 +65,7 @@ class Segments:
         self._segments: dict[int, _Segment] = {}
         self._spares: list[_Segment] = []
         self._current: _Segment | None = None
+        self._fd = -1  # the current segment's, open for writing
         self._next = 1
         self._sparse: set[int] = set()
 
@@ -80,9 +82,7 @@ class Segments:
         # missing one that rows still point at.
         self._next = max([*found, *(number for number, _, _ in indexed)], default=0) + 1
         for number, path in sorted(found.items()):
-            segment = _Segment(number, os.open(path, os.O_RDWR | os.O_CLOEXEC))
-            segment.end = os.fstat(segment.fd).st_size
-            self._segments[number] = segment
+            self._segments[number] = _Segment(number, path.stat().st_size)
         for number, _offset, length in indexed:
             if number in self._segments:
                 self._segments[number].live += length
@@ -100,7 +100,7 @@ class Segments:
         view = memoryview(body)
         written = 0
         while written < len(view):  # a write past a file size limit or a full disk comes back short
-            written += os.pwrite(segment.fd, view[written:], offset + written)
+            written += os.pwrite(self._fd, view[written:], offset + written)
         segment.end = offset + written
         return segment.number, offset
 
@@ -115,7 +115,17 @@ class Segments:
         segment = self._segments.get(number)
         if segment is None:
             return None
-        data = os.pread(segment.fd, length, offset)
+        if segment is self._current:
+            data = os.pread(self._fd, length, offset)
+        else:
+            try:
+                fd = os.open(self._path(number), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+            try:
+                data = os.pread(fd, length, offset)
+            finally:
+                os.close(fd)
         return data if len(data) == length else None
 
     def remove(self, number: int, length: int) -> None:
@@ -157,7 +167,7 @@ class Segments:
         del self._segments[segment.number]
         self._sparse.discard(segment.number)
         if segment is self._current:
-            self._current = None
+            self._close_current()
         segment.freed_at = time.monotonic()
         self._spares.append(segment)
         self._trim_spares()
@@ -167,31 +177,34 @@ class Segments:
         spares, cutoff = self._spares, time.monotonic() - SPARE_KEEP_S
         while len(spares) > SPARE_SEGMENTS and spares[0].freed_at < cutoff:
             spare = spares.pop(0)
-            os.close(spare.fd)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._path(spare.number))
 
+    def _close_current(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd, self._current = -1, None
+
     def _roll(self) -> _Segment:
-        previous = self._current
-        number, self._next = self._next, self._next + 1
-        self._trim_spares()
-        if self._spares:
-            spare = self._spares.pop()  # the one freed last: the likeliest to be in the page cache
-            os.rename(self._path(spare.number), self._path(number))
-            segment = _Segment(number, spare.fd)
-        else:
-            segment = _Segment(
-                number, os.open(self._path(number), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            )
-        self._segments[number] = segment
-        self._current = segment
-        if previous is not None:
+        if self._current is not None:
             # Not retired here even when the index points at nothing in it: the caller's
             # transaction may have written to it and not committed yet. take_sparse lists it.
-            self._sparse.add(previous.number)
+            self._sparse.add(self._current.number)
+        self._close_current()
+        number, self._next = self._next, self._next + 1
+        self._trim_spares()
+        path, flags = self._path(number), os.O_RDWR | os.O_CLOEXEC
+        if self._spares:
+            spare = self._spares.pop()  # the one freed last: the likeliest to be in the page cache
+            os.rename(self._path(spare.number), path)
+        else:
+            flags |= os.O_CREAT | os.O_EXCL
+        self._fd = os.open(path, flags, 0o600)
+        segment = _Segment(number)
+        self._segments[number] = segment
+        self._current = segment
         return segment
 
     def close(self) -> None:
-        for segment in [*self._segments.values(), *self._spares]:
-            os.close(segment.fd)
-        self._segments, self._spares, self._current = {}, [], None
+        self._close_current()
+        self._segments, self._spares = {}, []
