@@ -12,6 +12,7 @@ decision latency beyond idle_timeout, and the processor's peak RSS.
     python bench/live.py --realistic --sweep payload       # 0, 1 KB, 100 KB per model call
     python bench/live.py --realistic --sweep non-agent     # 0%, 20%, 100% HTTP/DB spans
     python bench/live.py --realistic --sweep spans --repeat 3   # three rounds over the points; medians
+    python bench/live.py --realistic --payload 102400 --warm-up 3   # three waves first: a working set
 
 The load generator sends pre-built ExportTraceServiceRequests with several requests in flight
 over one gRPC channel, retrying throttled requests after the server's RetryInfo. The processor
@@ -477,13 +478,14 @@ def count_spans(requests: list[tuple[bytes, list[bytes]]]) -> int:
 
 async def run_point(
     requests: list[tuple[bytes, list[bytes]]], total: int, buffered_max: int, args: argparse.Namespace,
-    warm_up: list[tuple[bytes, list[bytes]]],
+    warm_up: list[list[tuple[bytes, list[bytes]]]],
 ) -> dict[str, float]:
     """One measurement: the no-op receiver on ``requests``, then the processor (annotate export to
     a sink) on the same; spans/s end to end, the processor's CPU per span, its peak RSS over its
-    RSS once ready, per span buffered at most at once (``buffered_max``). ``warm_up``: requests
-    of other traces sent first, and exported in full, before the measurement starts (so that it
-    measures a processor whose heap has grown to its working set, as a long-running one has)."""
+    RSS once ready, per span buffered at most at once (``buffered_max``). ``warm_up``: waves of
+    requests of other traces sent first, each exported in full before the next, before the
+    measurement starts (so that it measures a processor whose heap and state files have grown to
+    their working set, as a long-running one has)."""
     noop_s = await noop_seconds(requests, args.concurrency)
     sink = Sink()
     sink_port = await sink.start()
@@ -498,9 +500,10 @@ async def run_point(
     ), 60)
     try:
         ready_kib = rss_kib(proc.pid)
-        await send_all(grpc_port, warm_up, args.concurrency)
-        await sink.wait_for(count_spans(warm_up), 600)
-        sink.spans = 0
+        for wave in warm_up:
+            await send_all(grpc_port, wave, args.concurrency)
+            await sink.wait_for(count_spans(wave), 600)
+            sink.spans = 0
         start = time.monotonic()
         proc_cpu = cpu_seconds(proc.pid)
         _, _, throttles = await send_all(grpc_port, requests, args.concurrency)
@@ -542,7 +545,8 @@ async def realistic_main(args: argparse.Namespace) -> None:
     points: list[tuple[str | None, int]] = [(args.sweep, v) for v in SWEEPS[args.sweep]] if args.sweep else [(None, 0)]
     print(f"realistic delivery: requests of up to {REALISTIC_BATCH} spans across the traces in flight, roots in a "
           f"later request, 20% HTTP/DB spans; policy of 10 invariants (one CEL), annotate export to a sink; "
-          f"measured after a warm-up wave of other traces; median of {args.repeat} round(s) over the points",
+          f"measured after {args.warm_up} warm-up wave(s) of other traces; median of {args.repeat} round(s) over "
+          "the points",
           flush=True)  # fmt: skip
     header = (f"{'point':>22} {'spans':>9} {'spans/s':>9} {'CPU us/span':>12} {'no-op spans/s':>14} "
               f"{'ratio':>6} {'throttled':>9} {'peak MiB':>9} {'B/buffered span':>16}")  # fmt: skip
@@ -554,8 +558,11 @@ async def realistic_main(args: argparse.Namespace) -> None:
         traces, per_trace, in_flight, payload = realistic_shape(point, value, args)
         non_agent = value if point == "non-agent" else 20
         requests = realistic_requests(traces, per_trace, in_flight, payload, non_agent=non_agent)
-        # One wave of other traces first (ids from another seed), as a long-running processor has seen.
-        warm_up = realistic_requests(in_flight, per_trace, in_flight, payload, seed=1, non_agent=non_agent)
+        # Waves of other traces first (ids from other seeds), as a long-running processor has seen.
+        warm_up = [
+            realistic_requests(in_flight, per_trace, in_flight, payload, seed=seed, non_agent=non_agent)
+            for seed in range(1, args.warm_up + 1)
+        ]
         label = {"spans": f"{value} spans/trace", "traces": f"{value:,} in flight", "payload": f"{value:,} B payload",
                  "non-agent": f"{value}% non-agent", None: f"{per_trace}x{in_flight:,}/{payload} B"}[point]  # fmt: skip
         shapes.append((label, requests, count_spans(requests), in_flight * (per_trace - 1), warm_up))
@@ -669,6 +676,7 @@ if __name__ == "__main__":
     parser.add_argument("--realistic", action="store_true", help="the SDK's delivery shape (see above)")
     parser.add_argument("--sweep", choices=sorted(SWEEPS), help="realistic mode at each point of one dimension")
     parser.add_argument("--repeat", type=int, default=1, help="rounds over the points; medians are printed")
+    parser.add_argument("--warm-up", type=int, default=1, help="realistic mode: waves of other traces sent first")
     parser.add_argument("--spans", type=int, default=60_000, help="realistic mode: spans per run, about")
     parser.add_argument("--spans-per-trace", type=int, default=21, help="realistic mode: spans per trace")
     parser.add_argument("--traces-in-flight", type=int, default=1000, help="realistic mode: traces at once")
