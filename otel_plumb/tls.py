@@ -118,13 +118,8 @@ def self_signed(cfg: TLSServerConfig, key: str) -> bool:
     now = datetime.datetime.now(datetime.UTC)
     lifetime = datetime.timedelta(days=3650)
 
-    def build(
-        subject: str,
-        issuer: x509.Name | None,
-        signer: ec.EllipticCurvePrivateKey | None,
-        public: ec.EllipticCurvePrivateKey,
-        ca: bool,
-    ) -> x509.Certificate:
+    def build(subject: str, issuer: x509.Name | None, signer: ec.EllipticCurvePrivateKey | None,
+              public: ec.EllipticCurvePrivateKey, ca: bool) -> x509.Certificate:
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
         builder = (
             x509.CertificateBuilder().subject_name(name).issuer_name(issuer or name)

@@ -126,12 +126,9 @@ async def test_the_byte_budget_refuses_retryably_and_memory_stays_bounded(tmp_pa
     sizes: list[int] = []
     try:
         base = rss()
-        async with (
-            healthz_probe(processor.metrics_port or 0),
-            grpc.aio.insecure_channel(
-                f"127.0.0.1:{processor.grpc_port}", options=[("grpc.max_send_message_length", 64 * MiB)]
-            ) as channel,
-        ):
+        async with healthz_probe(processor.metrics_port or 0), grpc.aio.insecure_channel(
+            f"127.0.0.1:{processor.grpc_port}", options=[("grpc.max_send_message_length", 64 * MiB)]
+        ) as channel:
             stub = TraceServiceStub(channel)
             # 60 traces that never get a root, 8 MiB each (one span of 8 MiB of arguments).
             for _ in range(60):
@@ -198,10 +195,9 @@ async def test_evictions_are_counted_and_logged_at_a_rate_limit(tmp_path: Path, 
     processor = Processor(config(tmp_path, assembly={"idle_timeout": 60, "max_wait": 60, "max_traces": 100}))
     await processor.start()
     try:
-        async with (
-            healthz_probe(processor.metrics_port or 0),
-            grpc.aio.insecure_channel(f"127.0.0.1:{processor.grpc_port}") as channel,
-        ):
+        async with healthz_probe(processor.metrics_port or 0), grpc.aio.insecure_channel(
+            f"127.0.0.1:{processor.grpc_port}"
+        ) as channel:
             stub = TraceServiceStub(channel)
             for _ in range(10):  # 1,000 traces that never get a root, 100 per request
                 await stub.Export(request(*((os.urandom(16), "junk", ["lookup"]) for _ in range(100))), timeout=10)
@@ -221,10 +217,9 @@ async def test_a_flood_cannot_hide_a_violation_of_an_evicted_trace(tmp_path: Pat
     await processor.start()
     v, w = os.urandom(16), os.urandom(16)
     try:
-        async with (
-            healthz_probe(processor.metrics_port or 0),
-            grpc.aio.insecure_channel(f"127.0.0.1:{processor.grpc_port}") as channel,
-        ):
+        async with healthz_probe(processor.metrics_port or 0), grpc.aio.insecure_channel(
+            f"127.0.0.1:{processor.grpc_port}"
+        ) as channel:
             stub = TraceServiceStub(channel)
             # V starts harmlessly; W's forbidden call is reported early, before any flood.
             await stub.Export(request((v, "agents", ["lookup", "refund"]), (w, "agents", ["wire_funds"])), timeout=5)
@@ -260,10 +255,9 @@ async def test_a_flood_from_one_service_does_not_evict_another_services_trace(tm
     await processor.start()
     a = os.urandom(16)
     try:
-        async with (
-            healthz_probe(processor.metrics_port or 0),
-            grpc.aio.insecure_channel(f"127.0.0.1:{processor.grpc_port}") as channel,
-        ):
+        async with healthz_probe(processor.metrics_port or 0), grpc.aio.insecure_channel(
+            f"127.0.0.1:{processor.grpc_port}"
+        ) as channel:
             stub = TraceServiceStub(channel)
             await stub.Export(request((a, "service-a", ["lookup"])), timeout=5)
             # Service B floods: 2,000 traces of two spans with different missing parents (they wait).

@@ -226,12 +226,8 @@ def test_token_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert config.receivers.http.auth is not None
     assert config.receivers.http.auth.bearer_tokens[0].token == TOKEN_A
     assert TOKEN_A not in repr(config)
-    for bad in (
-        {"bearer_tokens": []},
-        {"bearer_tokens": [{"tenant": "x"}]},
-        {"bearer_tokens": [{"token": "a", "token_file": "b"}]},
-        {"bearer_tokens": [{"token": "a"}], "x": 1},
-    ):
+    for bad in ({"bearer_tokens": []}, {"bearer_tokens": [{"tenant": "x"}]},
+                {"bearer_tokens": [{"token": "a", "token_file": "b"}]}, {"bearer_tokens": [{"token": "a"}], "x": 1}):
         with pytest.raises(ConfigError):
             load_config(None, {"receivers": {"grpc": {"auth": bad}}})
 

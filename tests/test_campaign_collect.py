@@ -23,7 +23,7 @@ invariants:
 """
 
 # The spans an agent emits, parented on the trial's traceparent: the W3C propagator of the SDK.
-SPANS = """
+SPANS = '''
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -42,27 +42,22 @@ def emit(exporter, traceparent):
             span.set_attribute("gen_ai.tool.name", "fetch_invoice")
             span.set_attribute("gen_ai.tool.call.arguments", '{"invoice_id": "INV-7001"}')
     provider.shutdown()
-"""
+'''
 
 # A command agent configured only by its environment, with the SDK's default exporter (gRPC).
-COMMAND_AGENT = (
-    SPANS
-    + """
+COMMAND_AGENT = SPANS + '''
 import json, os, sys
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
 request = json.load(sys.stdin)
 emit(OTLPSpanExporter(), os.environ["TRACEPARENT"])
 print(json.dumps({"output": "done"}))
-"""
-)
+'''
 
 # An HTTP agent: arm "grpc" exports with the gRPC exporter to the request's otlp_endpoint,
 # arm "http" with the HTTP exporter to otlp_http_endpoint, arm "stray" there too but in a
 # trace of its own, arm "quiet" not at all.
-HTTP_AGENT = (
-    SPANS
-    + """
+HTTP_AGENT = SPANS + '''
 import asyncio
 from aiohttp import web
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
@@ -95,19 +90,16 @@ async def main():
     await asyncio.Event().wait()
 
 asyncio.run(main())
-"""
-)
+'''
 
 
 def write_campaign(folder: Path, arms: str, repeats: int, deadline_s: float, concurrency: int = 2) -> Path:
     (folder / "policy.yaml").write_text(POLICY)
     (folder / "cases.jsonl").write_text(json.dumps({"id": "INV-7001", "input": "Pay INV-7001."}) + "\n")
     path = folder / "campaign.yaml"
-    path.write_text(
-        f"campaign: collect\nseed: 1\ndataset: cases.jsonl\npolicies: [policy.yaml]\narms:\n{arms}"
-        f"traces: {{receiver: embedded, deadline_s: {deadline_s}}}\n"
-        f"perturbations:\n  baseline: {{repeats: {repeats}}}\nlimits: {{concurrency: {concurrency}}}\n"
-    )
+    path.write_text(f"campaign: collect\nseed: 1\ndataset: cases.jsonl\npolicies: [policy.yaml]\narms:\n{arms}"
+                    f"traces: {{receiver: embedded, deadline_s: {deadline_s}}}\n"
+                    f"perturbations:\n  baseline: {{repeats: {repeats}}}\nlimits: {{concurrency: {concurrency}}}\n")
     return path
 
 
@@ -133,11 +125,9 @@ async def test_agents_exporting_grpc_or_http_with_the_sdk_exporters_are_both_hea
     (tmp_path / "command_agent.py").write_text(COMMAND_AGENT)
     with http_agent(tmp_path) as port:
         url = f"http://127.0.0.1:{port}/run"
-        arms = (
-            f"  command: {{command: {{argv: ['{sys.executable}', command_agent.py], timeout_s: 60}}}}\n"
-            f"  grpc: {{http: {{url: '{url}'}}}}\n"
-            f"  http: {{http: {{url: '{url}'}}, otlp_protocol: http/protobuf}}\n"
-        )
+        arms = (f"  command: {{command: {{argv: ['{sys.executable}', command_agent.py], timeout_s: 60}}}}\n"
+                f"  grpc: {{http: {{url: '{url}'}}}}\n"
+                f"  http: {{http: {{url: '{url}'}}, otlp_protocol: http/protobuf}}\n")
         path = write_campaign(tmp_path, arms, repeats=2, deadline_s=20)
         store = Store(tmp_path / "runs.db")
         runner = CampaignRun(load_campaign(path), store)
@@ -146,8 +136,7 @@ async def test_agents_exporting_grpc_or_http_with_the_sdk_exporters_are_both_hea
     report = build_report(store, store.run(run_id))
     assert outcome.stopped_arms == {}
     assert sorted((t["arm"], t["status"], t["error"]) for t in report["trials"]) == [
-        (arm, "conformant", None) for arm in ("command", "grpc", "http") for _ in range(2)
-    ]
+        (arm, "conformant", None) for arm in ("command", "grpc", "http") for _ in range(2)]
     record = store.trajectory(run_id, report["trials"][0]["trial_id"])
     assert [s["name"] for s in record["steps"] if s["kind"] == "tool"] == ["fetch_invoice"]
 
@@ -166,13 +155,9 @@ async def test_the_request_names_both_receivers_and_the_protocol(tmp_path):
     # A module name of its own: Python callables are imported once per process.
     module = "recording_" + re.sub(r"\W", "_", tmp_path.name)
     (tmp_path / f"{module}.py").write_text(RECORDING_AGENT)
-    path = write_campaign(
-        tmp_path,
-        f"  a: {{python: {{callable: '{module}:agent'}}}}\n"
-        f"  b: {{python: {{callable: '{module}:agent'}}, otlp_protocol: http/protobuf}}\n",
-        repeats=1,
-        deadline_s=0.2,
-    )
+    path = write_campaign(tmp_path, f"  a: {{python: {{callable: '{module}:agent'}}}}\n"
+                          f"  b: {{python: {{callable: '{module}:agent'}}, otlp_protocol: http/protobuf}}\n",
+                          repeats=1, deadline_s=0.2)
     runner = CampaignRun(load_campaign(path), Store(tmp_path / "runs.db"))
     await runner.execute(runner.start())
     seen = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
@@ -187,40 +172,15 @@ async def test_the_request_names_both_receivers_and_the_protocol(tmp_path):
 def test_an_agent_that_exports_nothing_is_told_where_to_and_stopped(tmp_path):
     repeats = 10
     with http_agent(tmp_path) as port:
-        path = write_campaign(
-            tmp_path,
-            f"  quiet: {{http: {{url: 'http://127.0.0.1:{port}/run'}}}}\n",
-            repeats=repeats,
-            deadline_s=1,
-            concurrency=2,
-        )
+        path = write_campaign(tmp_path, f"  quiet: {{http: {{url: 'http://127.0.0.1:{port}/run'}}}}\n",
+                              repeats=repeats, deadline_s=1, concurrency=2)
         db = tmp_path / "runs.db"
-        res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "otel_plumb",
-                "campaign",
-                "run",
-                str(path),
-                "--store",
-                str(db),
-                "--json",
-                str(tmp_path / "r.json"),
-                "-q",
-            ],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            env=os.environ,
-            timeout=120,
-        )
+        res = subprocess.run([sys.executable, "-m", "otel_plumb", "campaign", "run", str(path), "--store", str(db),
+                              "--json", str(tmp_path / "r.json"), "-q"], capture_output=True, text=True,
+                             cwd=tmp_path, env=os.environ, timeout=120)
     assert res.returncode == 2, res.stderr
-    message = re.search(
-        r"no spans from arm quiet after (\d+) trials: the agent must export OTLP to "
-        r"127\.0\.0\.1:(\d+) \(gRPC\) or http://127\.0\.0\.1:(\d+) \(HTTP\)",
-        res.stderr,
-    )
+    message = re.search(r"no spans from arm quiet after (\d+) trials: the agent must export OTLP to "
+                        r"127\.0\.0\.1:(\d+) \(gRPC\) or http://127\.0\.0\.1:(\d+) \(HTTP\)", res.stderr)
     assert message, res.stderr
     assert int(message.group(1)) == SILENT_TRIALS and message.group(2) != message.group(3)
     assert "Traceback" not in res.stderr
@@ -229,26 +189,18 @@ def test_an_agent_that_exports_nothing_is_told_where_to_and_stopped(tmp_path):
     # Bounded: the trials already under way (at most concurrency - 1 more) finish, the rest of the arm is not run.
     ran = report["trials"]
     assert SILENT_TRIALS <= len(ran) <= SILENT_TRIALS + 1 < repeats
-    assert all(
-        t["status"] == "error" and "no spans arrived" in t["error"] and f"127.0.0.1:{message.group(2)}" in t["error"]
-        for t in ran
-    )
+    assert all(t["status"] == "error" and "no spans arrived" in t["error"] and f"127.0.0.1:{message.group(2)}"
+               in t["error"] for t in ran)
 
 
 async def test_spans_outside_the_trial_trace_are_told_apart_from_no_spans(tmp_path):
     with http_agent(tmp_path) as port:
-        path = write_campaign(
-            tmp_path,
-            f"  stray: {{http: {{url: 'http://127.0.0.1:{port}/run'}}}}\n",
-            repeats=6,
-            deadline_s=1.5,
-            concurrency=1,
-        )
+        path = write_campaign(tmp_path, f"  stray: {{http: {{url: 'http://127.0.0.1:{port}/run'}}}}\n",
+                              repeats=6, deadline_s=1.5, concurrency=1)
         store = Store(tmp_path / "runs.db")
         runner = CampaignRun(load_campaign(path), store)
         outcome = await runner.execute(runner.start())
     assert outcome.ran == SILENT_TRIALS and outcome.status == "partial"
     assert outcome.stopped_arms["stray"].startswith(
-        f"no spans from arm stray after {SILENT_TRIALS} trials: spans did arrive, but in traces of their own"
-    )
+        f"no spans from arm stray after {SILENT_TRIALS} trials: spans did arrive, but in traces of their own")
     assert "under the traceparent it is sent" in outcome.stopped_arms["stray"]

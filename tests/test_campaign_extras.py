@@ -10,17 +10,10 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "accounts_payabl
 
 
 def campaign_run_without(module: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    code = (
-        f"import sys; sys.modules[{module!r}] = None; sys.argv[0] = 'otel-plumb'; "
-        "from otel_plumb.cli.main import main; main()"
-    )
-    return subprocess.run(
-        [sys.executable, "-c", code, "campaign", "run", str(EXAMPLE), "--store", str(tmp_path / "runs.db"), "-q"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-    )
+    code = (f"import sys; sys.modules[{module!r}] = None; sys.argv[0] = 'otel-plumb'; "
+            "from otel_plumb.cli.main import main; main()")
+    return subprocess.run([sys.executable, "-c", code, "campaign", "run", str(EXAMPLE), "--store",
+                           str(tmp_path / "runs.db"), "-q"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
 
 
 def test_without_numpy_campaign_run_names_the_extra(tmp_path):

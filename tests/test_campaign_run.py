@@ -22,7 +22,7 @@ from otel_plumb.cli.main import cli
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "accounts_payable"
 CASES = [json.loads(line) for line in (EXAMPLE / "cases.jsonl").read_text().splitlines()]
 
-COUNTING_AGENT = """
+COUNTING_AGENT = '''
 import json, pathlib
 import AGENT_MODULE as agent
 
@@ -41,17 +41,11 @@ def run_retry(request):
 def silent(request):
     _count(request)
     return {"output": "done, but no spans", "state": None}
-"""
+'''
 
 
-def setup_campaign(
-    tmp_path: Path,
-    arms: str,
-    perturbations: str,
-    cases: int = 2,
-    extra: str = "",
-    traces: str = "{receiver: embedded, deadline_s: 20}",
-) -> Path:
+def setup_campaign(tmp_path: Path, arms: str, perturbations: str, cases: int = 2, extra: str = "",
+                   traces: str = "{receiver: embedded, deadline_s: 20}") -> Path:
     shutil.copy(EXAMPLE / "agent.py", tmp_path / "agent.py")
     shutil.copy(EXAMPLE / "ap.yaml", tmp_path / "ap.yaml")
     # Module names of their own per test: Python callables are imported once per process.
@@ -61,19 +55,16 @@ def setup_campaign(
     arms = arms.replace("counting:", f"{counting}:")
     (tmp_path / "cases.jsonl").write_text("\n".join(json.dumps(c) for c in CASES[:cases]) + "\n")
     path = tmp_path / "campaign.yaml"
-    path.write_text(
-        f"campaign: ap-test\nseed: 42\ndataset: cases.jsonl\npolicies: [ap.yaml]\narms:\n{arms}"
-        f"traces: {traces}\nperturbations:\n{perturbations}limits: {{concurrency: 4}}\n{extra}"
-    )
+    path.write_text(f"campaign: ap-test\nseed: 42\ndataset: cases.jsonl\npolicies: [ap.yaml]\narms:\n{arms}"
+                    f"traces: {traces}\nperturbations:\n{perturbations}limits: {{concurrency: 4}}\n{extra}")
     return path
 
 
-PY_ARMS = "  naive: {python: {callable: 'counting:run_naive'}}\n  retry: {python: {callable: 'counting:run_retry'}}\n"
-FAULTS = (
-    "  baseline: {repeats: 2}\n"
-    "  tool_fault: {targets: [match_purchase_order], errors: ['503 upstream temporarily unavailable'],"
-    " samples: 2}\n"
-)
+PY_ARMS = ("  naive: {python: {callable: 'counting:run_naive'}}\n"
+           "  retry: {python: {callable: 'counting:run_retry'}}\n")
+FAULTS = ("  baseline: {repeats: 2}\n"
+          "  tool_fault: {targets: [match_purchase_order], errors: ['503 upstream temporarily unavailable'],"
+          " samples: 2}\n")
 
 
 def counting_module(tmp_path: Path) -> str:
@@ -129,16 +120,8 @@ async def test_python_arms_with_tool_faults_end_to_end(tmp_path):
     assert pair["by_perturbation"]["tool_fault"]["p_value"] < 0.05
     assert pair["by_perturbation"]["baseline"]["p_value"] == 1.0
     assert len(report["trials"]) == 2 * 3 * 4 and all(t["trace_id"] and not t["error"] for t in report["trials"])
-    assert set(report["trials"][0]) >= {
-        "trial_id",
-        "arm",
-        "case_id",
-        "variant_id",
-        "perturbation",
-        "trace_id",
-        "status",
-        "error",
-    }
+    assert set(report["trials"][0]) >= {"trial_id", "arm", "case_id", "variant_id", "perturbation", "trace_id",
+                                        "status", "error"}
     # Stored trajectories carry the trial's identity (copied from baggage onto the spans).
     some = report["trials"][0]
     record = store.trajectory(report["run_id"], some["trial_id"])
@@ -167,12 +150,8 @@ async def test_http_runner_sends_trace_context_and_gets_the_answer(tmp_path):
         return web.json_response(answer)
 
     async with agent_server(run) as port:
-        path = setup_campaign(
-            tmp_path,
-            f"  http: {{http: {{url: 'http://127.0.0.1:{port}/run', timeout_s: 10}}}}\n",
-            "  baseline: {repeats: 2}\n",
-            cases=1,
-        )
+        path = setup_campaign(tmp_path, f"  http: {{http: {{url: 'http://127.0.0.1:{port}/run', timeout_s: 10}}}}\n",
+                              "  baseline: {repeats: 2}\n", cases=1)
         report = await run_once(path, Store(tmp_path / "runs.db"))
     assert [t["status"] for t in report["trials"]] == ["conformant", "conformant"]
     traceparents = {t["trace_id"] for t in report["trials"]}
@@ -221,29 +200,20 @@ async def test_command_arm_reads_stdin_and_trace_context_from_the_environment(tm
     report = await run_once(path, Store(tmp_path / "runs.db"))
     (trial,) = report["trials"]
     assert trial["status"] == "conformant" and trial["error"] is None
-    broken = setup_campaign(
-        tmp_path,
-        "  cmd: {command: {argv: [python, -c, 'import sys; sys.exit(3)']}}\n",
-        "  baseline: {repeats: 1}\n",
-        cases=1,
-    )
+    broken = setup_campaign(tmp_path, "  cmd: {command: {argv: [python, -c, 'import sys; sys.exit(3)']}}\n",
+                            "  baseline: {repeats: 1}\n", cases=1)
     (trial,) = (await run_once(broken, Store(tmp_path / "runs2.db")))["trials"]
     assert trial["status"] == "error" and "exited 3" in trial["error"]
-    hung = setup_campaign(
-        tmp_path,
-        "  cmd: {command: {argv: [python, -c, 'import time; time.sleep(30)'], timeout_s: 0.5}}\n",
-        "  baseline: {repeats: 1}\n",
-        cases=1,
-    )
+    hung = setup_campaign(tmp_path, "  cmd: {command: {argv: [python, -c, 'import time; time.sleep(30)'], "
+                          "timeout_s: 0.5}}\n", "  baseline: {repeats: 1}\n", cases=1)
     (trial,) = (await run_once(hung, Store(tmp_path / "runs3.db")))["trials"]
     assert trial["status"] == "error" and "no answer within 0.5s" in trial["error"]
 
 
 async def test_a_trial_whose_trace_never_arrives_is_an_error_not_dropped(tmp_path):
     arms = "  quiet: {python: {callable: 'counting:silent'}}\n"
-    path = setup_campaign(
-        tmp_path, arms, "  baseline: {repeats: 2}\n", cases=1, traces="{receiver: embedded, deadline_s: 0.3}"
-    )
+    path = setup_campaign(tmp_path, arms, "  baseline: {repeats: 2}\n", cases=1,
+                          traces="{receiver: embedded, deadline_s: 0.3}")
     report = await run_once(path, Store(tmp_path / "runs.db"))
     base = report["arms"]["quiet"]["perturbations"]["baseline"]
     assert base["trials"] == 2 and base["errors"] == 2 and base["conformance"]["n"] == 0
@@ -284,9 +254,8 @@ async def test_resume_after_an_interrupted_run_and_the_answer_cache(tmp_path, mo
 
 
 async def test_trial_limit_stops_the_run_as_partial(tmp_path):
-    path = setup_campaign(
-        tmp_path, "  naive: {python: {callable: 'counting:run_naive'}}\n", "  baseline: {repeats: 4}\n", cases=1
-    )
+    path = setup_campaign(tmp_path, "  naive: {python: {callable: 'counting:run_naive'}}\n",
+                          "  baseline: {repeats: 4}\n", cases=1)
     path.write_text(path.read_text().replace("limits: {concurrency: 4}", "limits: {concurrency: 2, max_trials: 3}"))
     store = Store(tmp_path / "runs.db")
     runner = CampaignRun(load_campaign(path), store)
@@ -299,29 +268,15 @@ async def test_trial_limit_stops_the_run_as_partial(tmp_path):
 async def test_trajectories_from_a_running_processor_watch_stream(tmp_path, monkeypatch):
     from otel_plumb.processor import Processor, load_config
 
-    processor = Processor(
-        load_config(
-            None,
-            {
-                "receivers.grpc.endpoint": "127.0.0.1:0",
-                "receivers.http.endpoint": "127.0.0.1:0",
-                "metrics.endpoint": "",
-                "assembly.idle_timeout": 0.05,
-                "assembly.tick": 0.02,
-            },
-        ),
-        policies=[],
-    )
+    processor = Processor(load_config(None, {"receivers.grpc.endpoint": "127.0.0.1:0",
+                                             "receivers.http.endpoint": "127.0.0.1:0", "metrics.endpoint": "",
+                                             "assembly.idle_timeout": 0.05, "assembly.tick": 0.02}), policies=[])
     await processor.start()
     try:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{processor.http_port}")
-        path = setup_campaign(
-            tmp_path,
-            "  naive: {python: {callable: 'counting:run_naive'}}\n",
-            "  baseline: {repeats: 2}\n",
-            cases=1,
-            traces=f"{{watch: 'grpc://127.0.0.1:{processor.grpc_port}', deadline_s: 20}}",
-        )
+        path = setup_campaign(tmp_path, "  naive: {python: {callable: 'counting:run_naive'}}\n",
+                              "  baseline: {repeats: 2}\n", cases=1,
+                              traces=f"{{watch: 'grpc://127.0.0.1:{processor.grpc_port}', deadline_s: 20}}")
         report = await run_once(path, Store(tmp_path / "runs.db"))
     finally:
         await processor.stop(grace=1)
@@ -335,13 +290,8 @@ async def test_trajectories_from_trace_files_recorded_earlier(tmp_path):
     from otel_plumb.agent import setup_tracing, trial_context
     from otel_plumb.receive.otlp_json import request_to_json
 
-    path = setup_campaign(
-        tmp_path,
-        "  naive: {python: {callable: 'counting:run_naive'}}\n",
-        "  baseline: {repeats: 2}\n",
-        cases=1,
-        traces="{files: [recorded.jsonl]}",
-    )
+    path = setup_campaign(tmp_path, "  naive: {python: {callable: 'counting:run_naive'}}\n",
+                          "  baseline: {repeats: 2}\n", cases=1, traces="{files: [recorded.jsonl]}")
     campaign = load_campaign(path)
     runner = CampaignRun(campaign, Store(tmp_path / "runs.db"))
     variants, _ = runner.generate()
@@ -371,23 +321,8 @@ def test_cli_run_report_parity_show_replay_minimise(tmp_path):
     path = setup_campaign(tmp_path, PY_ARMS, FAULTS, cases=1, extra="gates: {min_certified_bound: 0.5}\n")
     db = str(tmp_path / "runs.db")
     cli_runner = CliRunner()
-    res = cli_runner.invoke(
-        cli,
-        [
-            "campaign",
-            "run",
-            str(path),
-            "--store",
-            db,
-            "--json",
-            str(tmp_path / "r.json"),
-            "--html",
-            str(tmp_path / "r.html"),
-            "--junit",
-            str(tmp_path / "j.xml"),
-            "-q",
-        ],
-    )
+    res = cli_runner.invoke(cli, ["campaign", "run", str(path), "--store", db, "--json", str(tmp_path / "r.json"),
+                                  "--html", str(tmp_path / "r.html"), "--junit", str(tmp_path / "j.xml"), "-q"])
     assert res.exit_code == 1, res.output  # the naive arm's certificate is below the gate
     assert "certified bound 0.0000 below 0.5" in res.output
     report = json.loads((tmp_path / "r.json").read_text())
@@ -405,51 +340,22 @@ def test_cli_run_report_parity_show_replay_minimise(tmp_path):
     assert 0 < float(fault_row[-2]) <= 1  # the p column (two trials per arm: nothing can be significant)
     res = cli_runner.invoke(cli, ["campaign", "parity", run_id, "naive", "nope", "--store", db])
     assert res.exit_code == 2
-    res = cli_runner.invoke(
-        cli,
-        [
-            "campaign",
-            "show",
-            run_id,
-            "--case",
-            "INV-7001",
-            "--variant",
-            "tool_fault-0",
-            "--store",
-            db,
-            "--html",
-            str(tmp_path / "show.html"),
-        ],
-    )
+    res = cli_runner.invoke(cli, ["campaign", "show", run_id, "--case", "INV-7001", "--variant", "tool_fault-0",
+                                  "--store", db, "--html", str(tmp_path / "show.html")])
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
     assert any("match_purchase_order" in line and "✗" in line for line in lines)
     # naive holds the invoice where retry pays it: marked as a substitution at the step
     assert any("flag_exception" in line and "schedule_payment" in line and "<- substitute" in line for line in lines)
-    res = cli_runner.invoke(
-        cli,
-        [
-            "campaign",
-            "show",
-            run_id,
-            "--case",
-            "INV-7001",
-            "--variant",
-            "tool_fault-0",
-            "--arm",
-            "naive",
-            "--store",
-            db,
-        ],
-    )
+    res = cli_runner.invoke(cli, ["campaign", "show", run_id, "--case", "INV-7001", "--variant", "tool_fault-0",
+                                  "--arm", "naive", "--store", db])
     assert res.exit_code == 0, res.output
     assert res.output.startswith("naive modal baseline") and "<- substitute" in res.output
     res = cli_runner.invoke(cli, ["campaign", "replay", run_id, "--failing", "--store", db, "-q"])
     assert res.exit_code == 0, res.output
     assert "reproduced" in res.output and "tool_fault-0" in res.output
-    res = cli_runner.invoke(
-        cli, ["campaign", "minimise", run_id, "--variant", "INV-7001/tool_fault-0", "--trials", "1", "--store", db]
-    )
+    res = cli_runner.invoke(cli, ["campaign", "minimise", run_id, "--variant", "INV-7001/tool_fault-0",
+                                  "--trials", "1", "--store", db])
     assert res.exit_code == 0, res.output
     assert '"op": "fault"' in res.output and "(1 -> 1" in res.output
     res = cli_runner.invoke(cli, ["campaign", "report", "nope", "--store", db])
@@ -461,24 +367,20 @@ def test_cli_run_report_parity_show_replay_minimise(tmp_path):
 
 
 def test_minimise_drops_the_harmless_steps_of_a_failing_variant(tmp_path):
-    perturbations = (
-        "  distractor: {fragments: ['Lunch is at noon.', "
-        "'Another supplier billed £12,000.00 last month.'], insertions: 2, samples: 4}\n"
-    )
+    perturbations = ("  distractor: {fragments: ['Lunch is at noon.', "
+                     "'Another supplier billed £12,000.00 last month.'], insertions: 2, samples: 4}\n")
     path = setup_campaign(tmp_path, "  naive: {python: {callable: 'counting:run_naive'}}\n", perturbations, cases=3)
     db = str(tmp_path / "runs.db")
     cli_runner = CliRunner()
-    res = cli_runner.invoke(
-        cli, ["campaign", "run", str(path), "--store", db, "--json", str(tmp_path / "r.json"), "-q"]
-    )
+    res = cli_runner.invoke(cli, ["campaign", "run", str(path), "--store", db, "--json", str(tmp_path / "r.json"),
+                                  "-q"])
     report = json.loads((tmp_path / "r.json").read_text())
     store = Store(db)
     two_steps = {v.variant_id for v in store.variants(report["run_id"]) if len(v.steps) == 2}
     failing = [t["variant_id"] for t in report["trials"] if t["status"] == "violating" and t["variant_id"] in two_steps]
     assert failing, res.output  # a distractor amount read before the invoice's own breaks the payment
-    res = cli_runner.invoke(
-        cli, ["campaign", "minimise", report["run_id"], "--variant", failing[0], "--trials", "1", "--store", db]
-    )
+    res = cli_runner.invoke(cli, ["campaign", "minimise", report["run_id"], "--variant", failing[0], "--trials", "1",
+                                  "--store", db])
     assert res.exit_code == 0, res.output
     assert "(2 -> 1" in res.output and "12,000.00" in res.output
 
@@ -487,51 +389,19 @@ def test_the_report_says_which_paraphrase_guard_ran(tmp_path):
     import subprocess
     import sys
 
-    (tmp_path / "para.jsonl").write_text(
-        json.dumps(
-            {
-                "id": "INV-7001",
-                "paraphrases": [
-                    "Kindly handle Acme Supplies' invoice INV-7001, amount £4,500.00, raised against PO-501."
-                ],
-            }
-        )
-        + "\n"
-    )
+    (tmp_path / "para.jsonl").write_text(json.dumps({"id": "INV-7001", "paraphrases": [
+        "Kindly handle Acme Supplies' invoice INV-7001, amount £4,500.00, raised against PO-501."]}) + "\n")
     source = "{source: {provider: file, path: para.jsonl}, samples: 1"
     for guard, expected in (
         ("", "paraphrase guard: none (the default for paraphrases from a file: reviewed, used as written)"),
-        (
-            ", guard: {provider: embedding, min_similarity: 0.7}",
-            "paraphrase guard: embedding (all-MiniLM-L6-v2), similarity at least 0.7 (as configured)",
-        ),
+        (", guard: {provider: embedding, min_similarity: 0.7}",
+         "paraphrase guard: embedding (all-MiniLM-L6-v2), similarity at least 0.7 (as configured)"),
     ):
-        path = setup_campaign(
-            tmp_path,
-            "  naive: {python: {callable: 'agent:run_naive'}}\n",
-            f"  paraphrase: {source}{guard}}}\n",
-            cases=1,
-        )
-        res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "otel_plumb",
-                "campaign",
-                "run",
-                str(path),
-                "--store",
-                str(tmp_path / "runs.db"),
-                "--json",
-                str(tmp_path / "r.json"),
-                "--html",
-                str(tmp_path / "r.html"),
-                "-q",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        path = setup_campaign(tmp_path, "  naive: {python: {callable: 'agent:run_naive'}}\n",
+                              f"  paraphrase: {source}{guard}}}\n", cases=1)
+        res = subprocess.run([sys.executable, "-m", "otel_plumb", "campaign", "run", str(path), "--store",
+                              str(tmp_path / "runs.db"), "--json", str(tmp_path / "r.json"), "--html",
+                              str(tmp_path / "r.html"), "-q"], capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr
         assert expected in res.stdout.splitlines()
         assert expected in (tmp_path / "r.html").read_text()
@@ -548,12 +418,8 @@ def test_summary_and_show_fit_100_columns_explain_the_numbers_and_name_the_faile
     db = str(tmp_path / "runs.db")
 
     def cli_run(*args: str) -> list[str]:
-        res = subprocess.run(
-            [sys.executable, "-m", "otel_plumb", "campaign", *args, "--store", db],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        res = subprocess.run([sys.executable, "-m", "otel_plumb", "campaign", *args, "--store", db],
+                             capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr
         lines = res.stdout.splitlines()
         assert all(len(line) <= 100 for line in lines), max(lines, key=len)

@@ -95,9 +95,7 @@ def traces(draw: Any) -> list[NormalisedSpan]:
 
 
 def _new_failures(
-    policies: list[CompiledPolicy],
-    spans: list[NormalisedSpan],
-    reported: set[tuple[str, str]],
+    policies: list[CompiledPolicy], spans: list[NormalisedSpan], reported: set[tuple[str, str]],
     only: frozenset[tuple[str, str]] | None = None,
 ) -> list[Verdict]:
     """What the processor reports after a request: unreported early failures (of the invariants

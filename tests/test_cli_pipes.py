@@ -37,7 +37,7 @@ def test_a_closed_stdout_is_not_a_verdict():
 
 
 def test_head_of_a_pipeline_exits_zero():
-    shell = f"set -o pipefail; {' '.join(CLI)} replay {AP}/*.jsonl --json - | head -1"
+    shell = (f"set -o pipefail; {' '.join(CLI)} replay {AP}/*.jsonl --json - | head -1")
     res = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout == "{\n" and "Traceback" not in res.stderr
 

@@ -42,7 +42,7 @@ def test_the_share_is_the_modal_paths_share_of_the_window(paths: list[tuple[str,
     agreement = PathAgreement(ConsistencyConfig(window=window, min_trajectories=1))
     for i, path in enumerate(paths):
         (a,) = agreement.add(decided(path))
-        recent = paths[max(0, i + 1 - window) : i + 1]
+        recent = paths[max(0, i + 1 - window): i + 1]
         assert a.trajectories == len(recent)
         assert a.share == max(Counter(recent).values()) / len(recent)
 
@@ -130,8 +130,7 @@ def test_replay_reports_the_path_agreement_of_its_input(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     paths = Counter(
         tuple(s["name"] for s in t["steps"] if s["kind"] == "tool" and not s["error"])
-        for t in report["trajectories"]
-        if t["complete"] and t["policies"]
+        for t in report["trajectories"] if t["complete"] and t["policies"]
     )
     (row,) = report["path_agreement"]
     assert row["n"] == sum(paths.values()) and row["successes"] == max(paths.values())

@@ -183,8 +183,7 @@ def test_conformance_campaigns_compare_and_the_openapi_document(filled: dict[str
     assert status == 200 and compared["left"]["arm"] == "faulty" and compared["right"]["arm"] == "fixed"
     # Under the fault the fixed build retries the failed duplicate check; the faulty one goes on without.
     assert [(row["mark"], row["right"]["name"], row["right"]["error"]) for row in compared["rows"] if row["mark"]] == [
-        ("extra", "check_duplicate", None)
-    ]
+        ("extra", "check_duplicate", None)]
     assert get(console, "/api/v1/compare", a=faulty["trace_id"])[0] == 400
     assert get(console, "/api/v1/campaigns/no-such-run")[0] == 404
 

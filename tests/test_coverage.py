@@ -23,12 +23,8 @@ def small_file(tmp_path: Path) -> Path:
         for a in span["attributes"]:
             if a["key"] == "gen_ai.tool.call.arguments":
                 a["value"] = {"stringValue": "<REDACTED>"}
-    extra = dict(
-        spans_of(redacted_doc)[0],
-        spanId="00000000000000ff",
-        name="SELECT invoices",
-        attributes=[{"key": "db.system", "value": {"stringValue": "postgresql"}}],
-    )
+    extra = dict(spans_of(redacted_doc)[0], spanId="00000000000000ff", name="SELECT invoices",
+                 attributes=[{"key": "db.system", "value": {"stringValue": "postgresql"}}])
     redacted_doc["resourceSpans"][0]["scopeSpans"][0]["spans"].append(extra)
     rootless = [s for s in agent_traces(1) if s.parent is not None]
     lines = [

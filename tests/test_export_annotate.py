@@ -87,9 +87,8 @@ def trajectories(draw: st.DrawFn) -> tuple[list[Span], Trajectory, list[Verdict]
         )
         for _ in range(draw(st.integers(0, 4)))
     ]
-    trajectory = Trajectory(
-        key=trace_id.hex(), trace_ids=[trace_id.hex()], steps=[], root_span_id=ids[0].hex() if has_root else None
-    )
+    trajectory = Trajectory(key=trace_id.hex(), trace_ids=[trace_id.hex()], steps=[],
+                            root_span_id=ids[0].hex() if has_root else None)
     return out, trajectory, verdicts
 
 
@@ -206,11 +205,7 @@ def test_annotation_values_are_cut_with_a_marker() -> None:
 
 # --- annotations written in wire format -------------------------------------------------------
 annotation_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**63), 2**63 - 1)
-    | st.floats(allow_nan=False)
-    | st.binary(max_size=8)
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.binary(max_size=8)
     | st.text(max_size=12),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
     max_leaves=12,

@@ -69,9 +69,8 @@ async def test_late_spans_are_forwarded_and_counted(tmp_path: Path) -> None:
     assert metric(text, "plumb_trajectories_total") == 1
     late_ids = {s.span_id for s in late.resource_spans[0].scope_spans[0].spans}
     forwarded = [s for s in backend.spans() if s.span_id in late_ids]
-    assert len(forwarded) == 2 and all(
-        not s.events and not any(a.key.startswith("plumb.v") for a in s.attributes) for s in forwarded
-    )
+    assert len(forwarded) == 2 and all(not s.events and not any(a.key.startswith("plumb.v") for a in s.attributes)
+                                       for s in forwarded)
 
 
 async def test_session_grouping_decides_one_trajectory_over_several_traces(tmp_path: Path) -> None:

@@ -325,18 +325,8 @@ def _snake(key: str) -> str:
 
 def comparable(spans: list[SpanRecord]) -> list[tuple[Any, ...]]:
     return sorted(
-        (
-            s.trace_id,
-            s.span_id,
-            s.parent_span_id,
-            s.name,
-            s.kind,
-            s.start_ns,
-            s.end_ns,
-            s.status_code,
-            sorted(s.attributes.items()),
-            dict(s.resource),
-        )
+        (s.trace_id, s.span_id, s.parent_span_id, s.name, s.kind, s.start_ns, s.end_ns, s.status_code,
+         sorted(s.attributes.items()), dict(s.resource))
         for s in spans
     )
 
@@ -412,34 +402,9 @@ json_values = st.recursive(
 )
 
 otlp_keys = st.sampled_from(
-    [
-        "resourceSpans",
-        "resource_spans",
-        "scopeSpans",
-        "spans",
-        "traceId",
-        "spanId",
-        "parentSpanId",
-        "attributes",
-        "key",
-        "value",
-        "stringValue",
-        "intValue",
-        "kind",
-        "status",
-        "code",
-        "data",
-        "traceID",
-        "spanID",
-        "references",
-        "tags",
-        "logs",
-        "processes",
-        "startTime",
-        "duration",
-        "result",
-        "events",
-    ]
+    ["resourceSpans", "resource_spans", "scopeSpans", "spans", "traceId", "spanId", "parentSpanId", "attributes",
+     "key", "value", "stringValue", "intValue", "kind", "status", "code", "data", "traceID", "spanID", "references",
+     "tags", "logs", "processes", "startTime", "duration", "result", "events"]
 )
 otlp_shaped = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=8) | st.sampled_from(["0af7651916cd43dd", "a1"]),
@@ -448,15 +413,8 @@ otlp_shaped = st.recursive(
 )
 
 
-jaeger_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats()
-    | st.text(max_size=6)
-    | st.sampled_from(
-        ["a1", "5b8efff798038103", "CHILD_OF", "FOLLOWS_FROM", "int64", "float64", "bool", "binary", "AAE=", "p1"]
-    )
+jaeger_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6) | st.sampled_from(
+    ["a1", "5b8efff798038103", "CHILD_OF", "FOLLOWS_FROM", "int64", "float64", "bool", "binary", "AAE=", "p1"]
 )
 jaeger_tag = st.fixed_dictionaries(
     {"key": jaeger_scalars, "type": jaeger_scalars, "value": jaeger_scalars | st.sampled_from(["inf", "1e400"])}
@@ -563,10 +521,8 @@ def test_deeply_nested_json_is_refused_not_built(tmp_path: Path) -> None:
 def test_bare_request_whose_length_byte_reads_as_a_brace(tmp_path: Path) -> None:
     """0a 7b ... is a newline and a '{' to a text sniffer, but a request of 123-byte ResourceSpans."""
     req = ExportTraceServiceRequest()
-    span = (
-        req.resource_spans.add()
-        .scope_spans.add()
-        .spans.add(trace_id=bytes(range(1, 17)), span_id=bytes(range(1, 9)), name="")
+    span = req.resource_spans.add().scope_spans.add().spans.add(
+        trace_id=bytes(range(1, 17)), span_id=bytes(range(1, 9)), name=""
     )
     for n in range(123):  # length prefixes grow with the name: find the name that fits
         span.name = "x" * n

@@ -42,10 +42,8 @@ scalar = st.one_of(
 )
 any_values = st.recursive(
     scalar,
-    lambda children: (
-        st.tuples(st.just("array"), st.lists(children, max_size=3))
-        | st.tuples(st.just("kvlist"), st.lists(st.tuples(text, children), max_size=3))
-    ),
+    lambda children: st.tuples(st.just("array"), st.lists(children, max_size=3))
+    | st.tuples(st.just("kvlist"), st.lists(st.tuples(text, children), max_size=3)),
     max_leaves=8,
 )
 attrs = st.lists(st.tuples(text, any_values), max_size=4)
@@ -81,27 +79,16 @@ def requests(draw: Any) -> ExportTraceServiceRequest:
 
 def as_tuple(s: SpanRecord) -> tuple[Any, ...]:
     return (
-        s.trace_id,
-        s.span_id,
-        s.parent_span_id,
-        s.name,
-        s.kind,
-        s.start_ns,
-        s.end_ns,
-        s.status_code,
-        s.status_message,
-        s.attributes,
-        [(e.name, e.time_ns, e.attributes) for e in s.events],
-        dict(s.resource),
+        s.trace_id, s.span_id, s.parent_span_id, s.name, s.kind, s.start_ns, s.end_ns, s.status_code,
+        s.status_message, s.attributes, [(e.name, e.time_ns, e.attributes) for e in s.events], dict(s.resource),
         s.scope_name,
     )
 
 
 @settings(max_examples=80, deadline=None)
 @given(req=requests(), snake=st.booleans(), enum_numbers=st.booleans())
-def test_direct_reader_matches_protobuf_json_parser(
-    req: ExportTraceServiceRequest, snake: bool, enum_numbers: bool
-) -> None:
+def test_direct_reader_matches_protobuf_json_parser(req: ExportTraceServiceRequest, snake: bool,
+                                                    enum_numbers: bool) -> None:
     doc = _base64_ids_to_hex(
         json_format.MessageToDict(req, preserving_proto_field_name=snake, use_integers_for_enums=enum_numbers)
     )
@@ -113,31 +100,12 @@ def test_direct_reader_matches_protobuf_json_parser(
 
 
 def test_int64_as_number_and_enum_number_as_string() -> None:
-    doc = {
-        "resourceSpans": [
-            {
-                "scopeSpans": [
-                    {
-                        "spans": [
-                            {
-                                "traceId": "0af7651916cd43dd8448eb211c80319c",
-                                "spanId": "b7ad6b7169203331",
-                                "name": "x",
-                                "kind": "3",
-                                "startTimeUnixNano": 1700000000000000000,
-                                "endTimeUnixNano": "1700000000000000001",
-                                "status": {"code": "STATUS_CODE_ERROR"},
-                                "attributes": [
-                                    {"key": "n", "value": {"intValue": 7}},
-                                    {"key": "d", "value": {"doubleValue": "NaN"}},
-                                ],
-                            }
-                        ]
-                    }
-                ]
-            }
-        ]
-    }
+    doc = {"resourceSpans": [{"scopeSpans": [{"spans": [{
+        "traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "x",
+        "kind": "3", "startTimeUnixNano": 1700000000000000000, "endTimeUnixNano": "1700000000000000001",
+        "status": {"code": "STATUS_CODE_ERROR"},
+        "attributes": [{"key": "n", "value": {"intValue": 7}}, {"key": "d", "value": {"doubleValue": "NaN"}}],
+    }]}]}]}
     [span] = request_spans(doc)
     assert isinstance(span, SpanRecord)
     assert (span.kind, span.start_ns, span.end_ns, span.status_code) == (3, 1700000000000000000, 1700000000000000001, 2)

@@ -247,8 +247,7 @@ def test_gateway_ships_with_auth_and_a_network_policy() -> None:
     (workload,) = kinds["StatefulSet"]
     volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
     assert volumes["otel-plumb-auth"]["secret"] == {
-        "secretName": "plumb-otel-plumb-auth",
-        "items": [{"key": "token", "path": "token"}],
+        "secretName": "plumb-otel-plumb-auth", "items": [{"key": "token", "path": "token"}]
     }
     config = yaml.safe_load(
         next(cm for cm in kinds["ConfigMap"] if cm["metadata"]["name"].endswith("-config"))["data"]["config.yaml"]
@@ -260,8 +259,7 @@ def test_gateway_ships_with_auth_and_a_network_policy() -> None:
     assert {"email", "card_number", "bearer_token", "api_key"} <= set(config["redaction"]["patterns"])
     (monitor,) = kinds["ServiceMonitor"]
     assert monitor["spec"]["endpoints"][0]["authorization"]["credentials"] == {
-        "name": "plumb-otel-plumb-auth",
-        "key": "token",
+        "name": "plumb-otel-plumb-auth", "key": "token"
     }
     (policy,) = kinds["NetworkPolicy"]
     assert policy["spec"]["podSelector"] == workload["spec"]["selector"]
@@ -292,8 +290,7 @@ def test_chart_tls_existing_secret_and_insecure() -> None:
     grpc = config["receivers"]["grpc"]
     assert grpc["auth"]["bearer_tokens"] == [{"token_file": "/etc/otel-plumb/auth/token", "tenant": "team-a"}]
     assert grpc["tls"] == {
-        "cert_file": "/etc/otel-plumb/tls/tls.crt",
-        "key_file": "/etc/otel-plumb/tls/tls.key",
+        "cert_file": "/etc/otel-plumb/tls/tls.crt", "key_file": "/etc/otel-plumb/tls/tls.key",
         "client_ca_file": "/etc/otel-plumb/tls/ca.crt",
     }
     loaded = load_config(None, {k: config[k] for k in ("receivers", "metrics")})

@@ -65,7 +65,7 @@ def test_replay_command_on_a_cut_file_exits_0_with_no_violation_and_says_why(tmp
     assert any("could not be read and the format cannot tell which trace" in n for n in report["coverage"]["notes"])
     assert record["key"].startswith("INV-") and record["key"] != record["trace_id"]
     assert record["key"] in res.output, "the terminal summary names the task key"
-    assert f"[{record['key']} trace {record['trace_id']}]" in junit.read_text(), "JUnit test names carry the key"
+    assert f'[{record["key"]} trace {record["trace_id"]}]' in junit.read_text(), "JUnit test names carry the key"
     assert record["key"] in html.read_text()
 
 

@@ -50,11 +50,8 @@ def config(tmp_path: Path, backend_endpoint: str | None = None, **sections: Any)
     }
     if backend_endpoint is not None:
         data["exporters"] = {
-            "otlp": {
-                "endpoint": backend_endpoint,
-                "state_dir": str(tmp_path / "state"),
-                "retry": {"initial_interval": 0.05, "max_interval": 0.2},
-            }
+            "otlp": {"endpoint": backend_endpoint, "state_dir": str(tmp_path / "state"),
+                     "retry": {"initial_interval": 0.05, "max_interval": 0.2}}
         }
     for key, value in sections.items():
         data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
@@ -98,7 +95,9 @@ async def decide_demo_agent(processor: Processor, deadline: float = 30.0) -> lis
 def sent_spans(memory: InMemorySpanExporter) -> dict[str, Span]:
     """What the SDK put on the wire, by span id (hex)."""
     request = encode_spans(memory.get_finished_spans())
-    return {span.span_id.hex(): span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans}
+    return {
+        span.span_id.hex(): span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans
+    }
 
 
 def strip_annotations(span: Span) -> Span:

@@ -168,10 +168,8 @@ def _kvlist(items: list[tuple[str, AnyValue]]) -> AnyValue:
 
 any_values = st.recursive(
     scalar,
-    lambda children: (
-        st.builds(_array, st.lists(children, max_size=3))
-        | st.builds(_kvlist, st.lists(st.tuples(text, children), max_size=3))
-    ),
+    lambda children: st.builds(_array, st.lists(children, max_size=3))
+    | st.builds(_kvlist, st.lists(st.tuples(text, children), max_size=3)),
     max_leaves=10,
 )
 # Few distinct keys, so that repeated keys (the last one wins) come up.

@@ -85,7 +85,9 @@ async def test_http_service_traces_are_forwarded_untouched_and_never_violate(tmp
         http_provider, http_sent = agent_provider(processor.grpc_port, "grpc")
         agent, agent_sent = agent_provider(processor.grpc_port, "grpc")
         base = f"http://127.0.0.1:{server.server_address[1]}"
-        await asyncio.gather(asyncio.to_thread(_http_service, http_provider, base), asyncio.to_thread(run_agent, agent))
+        await asyncio.gather(
+            asyncio.to_thread(_http_service, http_provider, base), asyncio.to_thread(run_agent, agent)
+        )
         http = sent_spans(http_sent)
         sent = {**http, **sent_spans(agent_sent)}
         assert len(http) == 3 * HTTP_TRACES

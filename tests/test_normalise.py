@@ -297,17 +297,11 @@ message_keys = st.sampled_from([
     "toolResult", "functionResponse", "toolName", "content", "parts", "tool_calls", "messages", "response", "result",
     "output", "choices", "message",
 ])  # fmt: skip
-message_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(-2, 2)
-    | st.sampled_from(
-        ["tool", "tool_result", "tool_call", "function_call_output", "assistant", "call_1", "lookup", '{"a": 1}', ""]
-    )
+message_scalars = st.none() | st.booleans() | st.integers(-2, 2) | st.sampled_from(
+    ["tool", "tool_result", "tool_call", "function_call_output", "assistant", "call_1", "lookup", '{"a": 1}', ""]
 )
 message_trees = st.recursive(
-    message_scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(message_keys, inner, max_size=6),
+    message_scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(message_keys, inner, max_size=6),
     max_leaves=40,
 )
 

@@ -22,7 +22,6 @@ from otel_plumb.watch.service import trajectory_message
 def record_of(trajectory: Trajectory, verdicts: list[Verdict], policies: list[str]) -> dict[str, Any]:
     return decided_record(Decided(trajectory, verdicts, policies, trajectory_status(trajectory, verdicts)))
 
-
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "otel_plumb" / "proto_gen"
 

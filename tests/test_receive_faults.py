@@ -330,7 +330,9 @@ async def test_malformed_bodies_are_400_or_415_counted_and_logged_at_a_rate_limi
                 assert 0 < len(message) < 300, (name, message)
                 if expected == 415:
                     assert "unsupported" in message, (name, message)
-            assert "nested too deeply" in status_message((await post(session, port, cases[5][2], JSON))[1], True)
+            assert "nested too deeply" in status_message(
+                (await post(session, port, cases[5][2], JSON))[1], True
+            )
             # A flood of them logs a line per interval, not one (or a traceback) each.
             flood = 200
             await asyncio.gather(*(post(session, port, b"\xff\xff", PROTOBUF) for _ in range(flood)))
@@ -513,3 +515,4 @@ async def test_a_body_that_stops_arriving_is_refused_after_the_idle_timeout(tmp_
         writer.close()
         text = await asyncio.to_thread(scrape, processor.metrics_port or 0)
     assert metric(text, "plumb_spans_dropped_total", reason="malformed") == 1
+

@@ -167,6 +167,7 @@ async def test_no_secret_leaves_a_running_processor(
         assert set(found_secrets(forwarded)) == set(SECRETS)
 
 
+
 def test_replay_reports_apply_the_policy_redaction(tmp_path: Path) -> None:
     """``otel-plumb replay`` with a policy carrying a ``redaction`` section: neither the terminal
     nor the JSON, HTML or JUnit report shows a secret, and the verdicts are the real ones."""

@@ -151,7 +151,7 @@ def test_the_guide_runs_as_written(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     # The guide says otel-plumb; run this checkout's.
-    (bin_dir / "otel-plumb").write_text(f'#!/bin/sh\nexec {sys.executable} -m otel_plumb "$@"\n')
+    (bin_dir / "otel-plumb").write_text(f"#!/bin/sh\nexec {sys.executable} -m otel_plumb \"$@\"\n")
     (bin_dir / "otel-plumb").chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
     run = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

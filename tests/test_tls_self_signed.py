@@ -49,7 +49,7 @@ def get(url: str, context: ssl.SSLContext | None, token: str | None = None) -> i
 def healthcheck(port: int) -> int:
     """The Dockerfile's HEALTHCHECK command, on ``port``."""
     line = next(x for x in (ROOT / "Dockerfile").read_text().splitlines() if x.strip().startswith('CMD ["python"'))
-    argv = json.loads(line.strip()[len("CMD ") :])
+    argv = json.loads(line.strip()[len("CMD "):])
     code = argv[2].replace("9464", str(port))
     return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=20, check=False).returncode
 

@@ -19,7 +19,6 @@ from otel_plumb.watch.service import add_verdict_service
 def record_of(trajectory: Trajectory, verdicts: list[Verdict], policies: list[str]) -> dict[str, Any]:
     return decided_record(Decided(trajectory, verdicts, policies, trajectory_status(trajectory, verdicts)))
 
-
 DEADLINE = 10.0
 
 

@@ -52,14 +52,8 @@ def in_trial(source: Mapping[str, Any] | None = None) -> Iterator[otel_context.C
         otel_context.detach(token)
 
 
-def setup_tracing(
-    service_name: str,
-    endpoint: str | None = None,
-    *,
-    protocol: str | None = None,
-    exporter: SpanExporter | None = None,
-    batch: bool = True,
-) -> TracerProvider:
+def setup_tracing(service_name: str, endpoint: str | None = None, *, protocol: str | None = None,
+                  exporter: SpanExporter | None = None, batch: bool = True) -> TracerProvider:
     """A tracer provider exporting OTLP to ``endpoint`` over ``protocol`` (``grpc`` or
     ``http/protobuf``), copying ``plumb.*`` baggage entries onto every span. Pass the request's
     ``otlp_endpoint`` and ``otlp_protocol``; without them the ``OTEL_EXPORTER_OTLP_ENDPOINT`` and

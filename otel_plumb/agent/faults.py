@@ -43,7 +43,6 @@ class Faults:
     def wrap(self, tool: str, fn: F) -> F:
         """``fn`` that fails as injected before running for real."""
         if inspect.iscoroutinefunction(fn):
-
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 self.check(tool)

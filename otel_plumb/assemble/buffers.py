@@ -314,12 +314,7 @@ class Assembler:
         return self.add_seen(span, payload, now, self.seen(span.trace_id, span.span_id, fingerprint), fingerprint, size)
 
     def add_seen(
-        self,
-        span: NormalisedSpan,
-        payload: object,
-        now: float,
-        already: AddOutcome | None,
-        fingerprint: int = 0,
+        self, span: NormalisedSpan, payload: object, now: float, already: AddOutcome | None, fingerprint: int = 0,
         size: int = 0,
     ) -> tuple[AddOutcome, list[Finished]]:
         """``add`` for a span whose ``seen`` was asked just before (``already``), with nothing

@@ -142,15 +142,8 @@ class _Divergences:
         key = json.dumps([kind, tool, expected, got], default=str, sort_keys=True)
         item = self.items.get(key)
         if item is None:
-            self.items[key] = {
-                "kind": kind,
-                "step_index": step_index,
-                "tool": tool,
-                "expected": expected,
-                "got": got,
-                "count": 1,
-                "example_trial": trial,
-            }
+            self.items[key] = {"kind": kind, "step_index": step_index, "tool": tool, "expected": expected,
+                               "got": got, "count": 1, "example_trial": trial}
         else:
             item["count"] += 1
 
@@ -188,10 +181,8 @@ class _Divergences:
 
 def _discarded(discards: Sequence[Discard], perturbation: str) -> dict[str, Any]:
     reasons = Counter(_reason_class(d.reason) for d in discards if d.perturbation == perturbation)
-    return {
-        "count": sum(reasons.values()),
-        "reasons": [{"reason": r, "count": c} for r, c in sorted(reasons.items(), key=lambda kv: -kv[1])],
-    }
+    return {"count": sum(reasons.values()),
+            "reasons": [{"reason": r, "count": c} for r, c in sorted(reasons.items(), key=lambda kv: -kv[1])]}
 
 
 def _reason_class(reason: str) -> str:
@@ -199,9 +190,8 @@ def _reason_class(reason: str) -> str:
     return reason.split(" 0.")[0].split(" -")[0] if reason.startswith("embedding similarity") else reason
 
 
-def perturbation_summary(
-    trials: Sequence[TrialRow], base: dict[tuple[str, str], Baseline], discards: Sequence[Discard], perturbation: str
-) -> dict[str, Any]:
+def perturbation_summary(trials: Sequence[TrialRow], base: dict[tuple[str, str], Baseline],
+                         discards: Sequence[Discard], perturbation: str) -> dict[str, Any]:
     ok = [t for t in trials if t.status == "ok"]
     conformant = sum(t.traj_status == "conformant" for t in ok)
     critical = sum(bool(t.critical_ok) for t in ok)
@@ -234,10 +224,8 @@ def perturbation_summary(
         "discarded": _discarded(discards, perturbation),
         "conformance": rate(conformant, len(ok)).as_dict(),
         "critical_conformance": rate(critical, len(ok)).as_dict(),
-        "consistency": {
-            "structural": rate(same_path, with_base).as_dict(),
-            "argument": rate(same_args, same_path).as_dict(),
-        },
+        "consistency": {"structural": rate(same_path, with_base).as_dict(),
+                        "argument": rate(same_args, same_path).as_dict()},
         "outcome_agreement": rate(agree, with_state).as_dict() if with_state else None,
         "pass_k": pass_hat_k_table((c, n) for c, n in per_case.values()),
         "divergences": divergences.top(),
@@ -247,11 +235,8 @@ def perturbation_summary(
 def certificate(perturbations: dict[str, dict[str, Any]], target: float) -> dict[str, Any]:
     """The minimum over perturbations of the Wilson lower bound of critical conformance: the
     true minimum of the bounds (a small n lowers a bound even at a perfect point estimate)."""
-    bounds = [
-        (p["critical_conformance"]["lo"], name)
-        for name, p in perturbations.items()
-        if p["critical_conformance"]["n"] > 0
-    ]
+    bounds = [(p["critical_conformance"]["lo"], name) for name, p in perturbations.items()
+              if p["critical_conformance"]["n"] > 0]
     if not bounds:
         return {"bound": None, "perturbation": None, "runs_needed": runs_needed(target), "target": target}
     bound, name = min(bounds)
@@ -284,9 +269,8 @@ def _p_value(successes_a: int, n_a: int, successes_b: int, n_b: int, seed: int) 
     return permutation_test(successes_a, n_a, successes_b, n_b, seed=seed).p_value
 
 
-def parity(
-    trials: Sequence[TrialRow], arm_a: str, arm_b: str, seed: int, perturbations: Sequence[str]
-) -> dict[str, Any]:
+def parity(trials: Sequence[TrialRow], arm_a: str, arm_b: str, seed: int,
+           perturbations: Sequence[str]) -> dict[str, Any]:
     """Pairs the two arms' trials on the same case, variant and repetition; compares outcome,
     effect path (tool steps only) and arguments; tests the success rates with a permutation
     test (seeded, 20,000 resamples, add-one smoothing)."""
@@ -322,29 +306,22 @@ def parity(
     return {"arms": [arm_a, arm_b], "by_perturbation": out}
 
 
-def analyse(
-    trials: Sequence[TrialRow], discards: Sequence[Discard], arms: Sequence[str], seed: int, target: float | None
-) -> dict[str, Any]:
+def analyse(trials: Sequence[TrialRow], discards: Sequence[Discard], arms: Sequence[str], seed: int,
+            target: float | None) -> dict[str, Any]:
     """The campaign report's analyses (``arms`` and ``parity``)."""
     base = baselines(trials)
     grouped: dict[str, dict[str, list[TrialRow]]] = {arm: {} for arm in arms}
     for t in trials:
         grouped.setdefault(t.arm, {}).setdefault(t.perturbation, []).append(t)
-    order = {
-        name: i
-        for i, name in enumerate(("baseline", "paraphrase", "distractor", "decoy_tools", "tool_fault", "sampling"))
-    }
+    order = {name: i for i, name in enumerate(("baseline", "paraphrase", "distractor", "decoy_tools", "tool_fault",
+                                               "sampling"))}
     report_arms: dict[str, Any] = {}
     for arm, by_pert in grouped.items():
-        perts = {
-            name: perturbation_summary(group, base, discards, name)
-            for name, group in sorted(by_pert.items(), key=lambda kv: order.get(kv[0], 99))
-        }
-        report_arms[arm] = {
-            "perturbations": perts,
-            "certificate": certificate(perts, target if target is not None else DEFAULT_TARGET_BOUND),
-        }
+        perts = {name: perturbation_summary(group, base, discards, name)
+                 for name, group in sorted(by_pert.items(), key=lambda kv: order.get(kv[0], 99))}
+        report_arms[arm] = {"perturbations": perts,
+                            "certificate": certificate(perts, target if target is not None else DEFAULT_TARGET_BOUND)}
     names = sorted({t.perturbation for t in trials}, key=lambda n: order.get(n, 99))
     arm_list = list(grouped)
-    pairs = [parity(trials, a, b, seed, names) for i, a in enumerate(arm_list) for b in arm_list[i + 1 :]]
+    pairs = [parity(trials, a, b, seed, names) for i, a in enumerate(arm_list) for b in arm_list[i + 1:]]
     return {"arms": report_arms, "parity": pairs}

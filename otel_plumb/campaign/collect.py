@@ -146,26 +146,22 @@ class EmbeddedReceiver(TraceSource):
         from otel_plumb.processor import Processor
         from otel_plumb.processor.config import load_config
 
-        config = load_config(
-            None,
-            {
-                "receivers.grpc.endpoint": "127.0.0.1:0",
-                "receivers.http.endpoint": "127.0.0.1:0",
-                "metrics.endpoint": "",
-                "assembly.idle_timeout": idle_s,
-                "assembly.tick": tick_s,
-                "shutdown.grace_period": 1.0,
-            },
-        )
+        config = load_config(None, {
+            "receivers.grpc.endpoint": "127.0.0.1:0",
+            "receivers.http.endpoint": "127.0.0.1:0",
+            "metrics.endpoint": "",
+            "assembly.idle_timeout": idle_s,
+            "assembly.tick": tick_s,
+            "shutdown.grace_period": 1.0,
+        })
         # The campaign checks trajectories itself, after adding the case's ground truth.
         self.processor = Processor(config, policies=[])
         self.processor.on_decided(lambda decided: self.matcher.offer(decided.trajectory))
 
     async def start(self) -> None:
         await self.processor.start()
-        self.endpoints = OtlpEndpoints(
-            f"http://127.0.0.1:{self.processor.grpc_port}", f"http://127.0.0.1:{self.processor.http_port}"
-        )
+        self.endpoints = OtlpEndpoints(f"http://127.0.0.1:{self.processor.grpc_port}",
+                                       f"http://127.0.0.1:{self.processor.http_port}")
 
     async def trajectory(self, trace_id: str, trial_id: str, deadline_s: float) -> Trajectory:
         try:
@@ -178,10 +174,8 @@ class EmbeddedReceiver(TraceSource):
                 # for a second is nobody's.
                 strays = self.matcher.strays(1.0)
                 if strays:
-                    hint = (
-                        f"spans did arrive, but in traces of their own ({strays} so far): the agent must start "
-                        "them in the trial's trace, under the traceparent it is sent"
-                    )
+                    hint = (f"spans did arrive, but in traces of their own ({strays} so far): the agent must start "
+                            "them in the trial's trace, under the traceparent it is sent")
                 else:
                     hint = f"the agent must export OTLP to {self.endpoints.describe()}"
                 raise NoSpans(f"no spans arrived for trace {trace_id} within {deadline_s:g}s ({hint})", hint) from None

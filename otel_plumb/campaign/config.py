@@ -334,10 +334,8 @@ def load_dataset(path: Path) -> list[Case]:
     cases: list[Case] = []
     seen: set[str] = set()
     for n, row in jsonl_rows(path):
-        if (
-            not isinstance(row, dict)
-            or not isinstance(row.get("id"), (str, int))
-            or not isinstance(row.get("input"), str)
+        if not isinstance(row, dict) or not isinstance(row.get("id"), (str, int)) or not isinstance(
+            row.get("input"), str
         ):
             raise CampaignError(path, n, 'a case is {"id": ..., "input": "...", "context": {...}}')
         unknown = set(row) - {"id", "input", "context"}

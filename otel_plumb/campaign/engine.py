@@ -68,15 +68,13 @@ SILENT_TRIALS = 3
 def trial_identity(campaign: LoadedCampaign, arm: str, variant: Variant, rep: int) -> str:
     spec = campaign.spec
     arm_def = spec.arms[arm].model_dump(exclude_none=True)
-    blob = json.dumps(
-        [spec.campaign, spec.seed, arm, arm_def, variant.variant_id, variant.steps, rep], sort_keys=True, default=str
-    )
+    blob = json.dumps([spec.campaign, spec.seed, arm, arm_def, variant.variant_id, variant.steps, rep],
+                      sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def plan(
-    campaign: LoadedCampaign, variants: Sequence[Variant], cases: dict[str, Case], arms: Sequence[str], trials: int
-) -> list[PlannedTrial]:
+def plan(campaign: LoadedCampaign, variants: Sequence[Variant], cases: dict[str, Case],
+         arms: Sequence[str], trials: int) -> list[PlannedTrial]:
     out: list[PlannedTrial] = []
     for variant in variants:
         case = cases.get(variant.case_id)
@@ -122,43 +120,29 @@ def make_source(campaign: LoadedCampaign) -> TraceSource:
     return FileSource([str(campaign.resolve(p)) for p in traces.files])
 
 
-def judge(
-    trajectory: Trajectory,
-    trial: PlannedTrial,
-    policies: Sequence[CompiledPolicy],
-) -> tuple[dict[str, Any], str, bool, dict[str, Any]]:
+def judge(trajectory: Trajectory, trial: PlannedTrial, policies: Sequence[CompiledPolicy],
+          ) -> tuple[dict[str, Any], str, bool, dict[str, Any]]:
     """Verdicts for one trial's trajectory: its record, status, critical conformance, summary."""
     attrs = trajectory.attributes
     # The harness knows which trial this is and the case's ground truth; the agent need not.
-    for key, value in (
-        (CASE_ID, trial.case.id),
-        (VARIANT_ID, trial.variant.variant_id),
-        (TRIAL_ID, trial.row.trial_id),
-        (ARM, trial.row.arm),
-    ):
+    for key, value in ((CASE_ID, trial.case.id), (VARIANT_ID, trial.variant.variant_id),
+                       (TRIAL_ID, trial.row.trial_id), (ARM, trial.row.arm)):
         attrs.setdefault(key, value)
     for key, value in trial.case.context.items():
         attrs.setdefault(CONTEXT_PREFIX + key, value)
     decided = decide(policies, trajectory)
     verdicts, status = decided.verdicts, decided.status
     critical_ok = trajectory.complete and not any(
-        v.severity == "critical" and v.verdict in ("fail", "indeterminate") for v in verdicts
-    )
+        v.severity == "critical" and v.verdict in ("fail", "indeterminate") for v in verdicts)
     # The store and its reports leave the process: what the policies' redaction covers is
     # redacted, and argument keys are keyed hashes (equal iff the arguments are equal).
     redaction = redaction_for(policies, key=os.environ.get(REDACTION_KEY_ENV, "").encode() or None)
     emitted = decided if redaction is None else redaction.decided(decided)
     record = decided_record(emitted)
-    path = [
-        [
-            e.name,
-            e.index,
-            e.args if e.args_status == "captured" else None,
-            _arg_key(s.args if s.args_status == "captured" else None, redaction),
-        ]
-        for s, e in zip(trajectory.steps, emitted.trajectory.steps, strict=True)
-        if s.kind == "tool" and s.succeeded
-    ]
+    path = [[e.name, e.index, e.args if e.args_status == "captured" else None,
+             _arg_key(s.args if s.args_status == "captured" else None, redaction)]
+            for s, e in zip(trajectory.steps, emitted.trajectory.steps, strict=True)
+            if s.kind == "tool" and s.succeeded]
     violations = sorted({(v.invariant, v.severity) for v in verdicts if v.verdict == "fail"})
     summary = {"path": path, "violations": [{"invariant": i, "severity": s} for i, s in violations]}
     return record, status, critical_ok, summary
@@ -170,17 +154,9 @@ def _arg_key(args: Any, redaction: Redaction | None) -> str:
 
 
 class CampaignRun:
-    def __init__(
-        self,
-        campaign: LoadedCampaign,
-        store: Store,
-        *,
-        arms: Sequence[str] | None = None,
-        use_cache: bool = True,
-        progress: Callable[[TrialRow], None] | None = None,
-        trials: int | None = None,
-        notice: Callable[[str], None] | None = None,
-    ) -> None:
+    def __init__(self, campaign: LoadedCampaign, store: Store, *, arms: Sequence[str] | None = None,
+                 use_cache: bool = True, progress: Callable[[TrialRow], None] | None = None,
+                 trials: int | None = None, notice: Callable[[str], None] | None = None) -> None:
         self.campaign = campaign
         self.store = store
         spec = campaign.spec
@@ -205,36 +181,22 @@ class CampaignRun:
             guard = make_guard(self.campaign, spec.perturbations.paraphrase.effective_guard)
         return generate_variants(self.campaign, list(self.cases.values()), paraphraser, guard)
 
-    def start(
-        self,
-        resume: str | None = None,
-        variants: list[Variant] | None = None,
-        parent: str | None = None,
-        note: str | None = None,
-    ) -> str:
+    def start(self, resume: str | None = None, variants: list[Variant] | None = None,
+              parent: str | None = None, note: str | None = None) -> str:
         """A new run (variants generated and stored), or the run to resume."""
         if resume is not None:
             info = self.store.run(resume)
             if info.campaign != self.campaign.spec.campaign:
-                raise CampaignError(
-                    self.campaign.path,
-                    None,
-                    f"run {info.run_id} is of campaign {info.campaign!r}, not {self.campaign.spec.campaign!r}",
-                )
+                raise CampaignError(self.campaign.path, None,
+                                    f"run {info.run_id} is of campaign {info.campaign!r}, not "
+                                    f"{self.campaign.spec.campaign!r}")
             self.store.set_status(info.run_id, "running")
             return info.run_id
         discards: list[Any] = []
         if variants is None:
             variants, discards = self.generate()
-        run_id = self.store.create_run(
-            self.campaign.spec.campaign,
-            str(self.campaign.path),
-            self.campaign.raw,
-            self.campaign.spec.seed,
-            self.arms,
-            parent,
-            note,
-        )
+        run_id = self.store.create_run(self.campaign.spec.campaign, str(self.campaign.path), self.campaign.raw,
+                                       self.campaign.spec.seed, self.arms, parent, note)
         self.store.save_variants(run_id, variants, discards)
         return run_id
 
@@ -242,9 +204,8 @@ class CampaignRun:
         spec = self.campaign.spec
         variants = self.store.variants(run_id)
         done = self.store.finished_trial_ids(run_id)
-        planned = [
-            p for p in plan(self.campaign, variants, self.cases, self.arms, self.trials) if p.row.trial_id not in done
-        ]
+        planned = [p for p in plan(self.campaign, variants, self.cases, self.arms, self.trials)
+                   if p.row.trial_id not in done]
         limited = False
         if spec.limits.max_trials is not None:
             room = max(0, spec.limits.max_trials - len(done))
@@ -284,10 +245,8 @@ class CampaignRun:
                 elif nothing is not None and arm not in heard:
                     silent[arm] = silent.get(arm, 0) + 1
                     if silent[arm] >= SILENT_TRIALS and arm not in stopped:
-                        stopped[arm] = (
-                            f"no spans from arm {arm} after {silent[arm]} trials: {nothing.hint}; "
-                            f"its other trials were not run"
-                        )
+                        stopped[arm] = (f"no spans from arm {arm} after {silent[arm]} trials: {nothing.hint}; "
+                                        f"its other trials were not run")
                         if self.notice is not None:
                             self.notice(stopped[arm])
                 if self.progress is not None:
@@ -319,18 +278,14 @@ class CampaignRun:
             row.answer, row.trace_id, row.cached = answer, trace_id, True
             assert cached_record is not None
             record, row.traj_status, row.critical_ok, row.summary = judge(
-                trajectory_from_record(cached_record), trial, self.policies
-            )
+                trajectory_from_record(cached_record), trial, self.policies)
             row.summary["state_key"] = state_key(answer.get("state"))
             row.status = "ok"
         else:
             trace_id = secrets.token_hex(16)
             row.trace_id = trace_id
-            ctx = TraceContext(
-                trace_id,
-                secrets.token_hex(8),
-                {CASE_ID: row.case_id, VARIANT_ID: row.variant_id, TRIAL_ID: row.trial_id, ARM: row.arm},
-            )
+            ctx = TraceContext(trace_id, secrets.token_hex(8), {
+                CASE_ID: row.case_id, VARIANT_ID: row.variant_id, TRIAL_ID: row.trial_id, ARM: row.arm})
             request = self.request(trial, source.endpoints)
             try:
                 row.answer = await runner(request, ctx) if source.runs_agents else {"output": None, "state": None}

@@ -8,9 +8,8 @@ from typing import Any
 from otel_plumb.model import SEVERITIES, severity_at_least
 
 
-def campaign_gate_failures(
-    report: dict[str, Any], min_bound: float | None, max_violations: int | None, severity: str | None
-) -> list[str]:
+def campaign_gate_failures(report: dict[str, Any], min_bound: float | None, max_violations: int | None,
+                           severity: str | None) -> list[str]:
     """Why the campaign report falls short (empty when it passes).
 
     ``min_bound`` (default: the report's ``gates.min_certified_bound``) is compared with each
@@ -41,7 +40,8 @@ def campaign_gate_failures(
     if cap is not None:
         per_arm: dict[str, int] = {}
         for t in trials:
-            if any(severity is None or severity_at_least(v["severity"], severity) for v in t.get("violations") or ()):
+            if any(severity is None or severity_at_least(v["severity"], severity)
+                   for v in t.get("violations") or ()):
                 per_arm[t["arm"]] = per_arm.get(t["arm"], 0) + 1
         for arm, count in per_arm.items():
             if count > cap:

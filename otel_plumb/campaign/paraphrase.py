@@ -40,9 +40,8 @@ def load_paraphrase_file(path: Path) -> tuple[dict[str, list[str]], dict[str, li
     return by_id, by_input
 
 
-def _chat(
-    base_url: str, model: str, api_key_env: str | None, messages: list[dict[str, str]], **params: Any
-) -> dict[str, Any]:
+def _chat(base_url: str, model: str, api_key_env: str | None, messages: list[dict[str, str]],
+          **params: Any) -> dict[str, Any]:
     body = json.dumps({"model": model, "messages": messages, **params}).encode()
     headers = {"Content-Type": "application/json"}
     key = os.environ.get(api_key_env) if api_key_env else None
@@ -76,22 +75,11 @@ def make_paraphraser(campaign: LoadedCampaign, spec: Paraphrase) -> Paraphraser:
             texts: list[str] = []
             provenance: dict[str, Any] = {"source": "openai", "model": model}
             for _ in range(source.candidates):
-                answer = _chat(
-                    base_url,
-                    model,
-                    source.api_key_env,
-                    [
-                        {
-                            "role": "system",
-                            "content": "Rewrite the user's request in different words. Keep every "
-                            "fact, name, number and identifier exactly. Reply with the rewritten request only.",
-                        },
-                        {"role": "user", "content": case.input},
-                    ],
-                    temperature=source.temperature,
-                    seed=stream.seed32(),
-                    max_tokens=400,
-                )
+                answer = _chat(base_url, model, source.api_key_env, [
+                    {"role": "system", "content": "Rewrite the user's request in different words. Keep every "
+                     "fact, name, number and identifier exactly. Reply with the rewritten request only."},
+                    {"role": "user", "content": case.input},
+                ], temperature=source.temperature, seed=stream.seed32(), max_tokens=400)
                 provenance["model"] = answer.get("model", model)
                 provenance["system_fingerprint"] = answer.get("system_fingerprint")
                 choices = answer.get("choices") or []
@@ -103,12 +91,8 @@ def make_paraphraser(campaign: LoadedCampaign, spec: Paraphrase) -> Paraphraser:
         return from_model
     found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == source.provider]
     if not found:
-        raise CampaignError(
-            campaign.path,
-            None,
-            f"unknown paraphrase provider {source.provider!r} (not file, openai, "
-            f"nor a plugin in entry-point group {ENTRY_POINT_GROUP})",
-        )
+        raise CampaignError(campaign.path, None, f"unknown paraphrase provider {source.provider!r} (not file, openai, "
+                            f"nor a plugin in entry-point group {ENTRY_POINT_GROUP})")
     plugin = found[0].load()
 
     def from_plugin(case: Case, _spec: Paraphrase, stream: Stream) -> tuple[list[str], dict[str, Any]]:
@@ -141,21 +125,11 @@ def make_guard(campaign: LoadedCampaign, spec: Guard) -> GuardFn:
     base_url, model_name = spec.base_url, spec.model
 
     def by_judge(original: str, candidate: str) -> tuple[bool, float | None, str]:
-        answer = _chat(
-            base_url,
-            model_name,
-            spec.api_key_env,
-            [
-                {
-                    "role": "system",
-                    "content": "You decide whether two requests ask for exactly the same thing, with the "
-                    "same facts, names, numbers and identifiers. Answer yes or no.",
-                },
-                {"role": "user", "content": f"A: {original}\nB: {candidate}\nSame meaning?"},
-            ],
-            temperature=0,
-            max_tokens=3,
-        )
+        answer = _chat(base_url, model_name, spec.api_key_env, [
+            {"role": "system", "content": "You decide whether two requests ask for exactly the same thing, with the "
+             "same facts, names, numbers and identifiers. Answer yes or no."},
+            {"role": "user", "content": f"A: {original}\nB: {candidate}\nSame meaning?"},
+        ], temperature=0, max_tokens=3)
         choices = answer.get("choices") or []
         text = str((choices[0].get("message") or {}).get("content", "")) if choices else ""
         if text.strip().lower().startswith("yes"):

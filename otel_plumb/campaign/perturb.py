@@ -151,7 +151,6 @@ def generate_variants(
     variants: list[Variant] = []
     discards: list[Discard] = []
     for case in cases:
-
         def add(name: str, n: int, steps: list[dict[str, Any]], case: Case = case) -> None:
             variants.append(Variant(f"{case.id}/{name}-{n}", case.id, name, steps))
 
@@ -161,9 +160,8 @@ def generate_variants(
         if spec.paraphrase:
             if paraphraser is None or guard is None:
                 raise ValueError("paraphrase needs a paraphraser and a guard")
-            accepted, rejected = _paraphrases(
-                case, spec.paraphrase, Stream(seed, "paraphrase", case.id), paraphraser, guard
-            )
+            accepted, rejected = _paraphrases(case, spec.paraphrase, Stream(seed, "paraphrase", case.id), paraphraser,
+                                              guard)
             for n, step in enumerate(accepted):
                 add("paraphrase", n, [step])
             discards.extend(rejected)
@@ -175,13 +173,8 @@ def generate_variants(
                 steps = []
                 for _ in range(d.insertions):
                     at = stream.choice(points)
-                    steps.append(
-                        {
-                            "op": "insert_text",
-                            "at": at,
-                            "text": _fragment_at(case.input, at, stream.choice(d.fragments)),
-                        }
-                    )
+                    steps.append({"op": "insert_text", "at": at,
+                                  "text": _fragment_at(case.input, at, stream.choice(d.fragments))})
                 add("distractor", n, steps)
         if spec.decoy_tools:
             # Distinct tools across a case's variants until they run out, then round again.
@@ -216,9 +209,8 @@ def _paraphrases(
     for text in candidates:
         norm = " ".join(text.split()).casefold()
         if not norm or norm in seen:
-            rejected.append(
-                Discard(case.id, "paraphrase", "not a paraphrase (empty, duplicate or unchanged)", {"text": text})
-            )
+            rejected.append(Discard(case.id, "paraphrase", "not a paraphrase (empty, duplicate or unchanged)",
+                                    {"text": text}))
             continue
         seen.add(norm)
         ok, score, reason = guard(case.input, text)

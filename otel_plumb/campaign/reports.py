@@ -35,17 +35,10 @@ def build_report(store: Store, run: RunInfo) -> dict[str, Any]:
         "arms": analysed["arms"],
         "parity": analysed["parity"],
         "trials": [
-            {
-                "trial_id": t.trial_id,
-                "arm": t.arm,
-                "case_id": t.case_id,
-                "variant_id": t.variant_id,
-                "perturbation": t.perturbation,
-                "trace_id": t.trace_id,
-                "status": t.traj_status if t.status == "ok" else "error",
-                "error": t.error,
-                "violations": (t.summary or {}).get("violations", []),
-            }
+            {"trial_id": t.trial_id, "arm": t.arm, "case_id": t.case_id, "variant_id": t.variant_id,
+             "perturbation": t.perturbation, "trace_id": t.trace_id,
+             "status": t.traj_status if t.status == "ok" else "error", "error": t.error,
+             "violations": (t.summary or {}).get("violations", [])}
             for t in trials
         ],
     }
@@ -66,15 +59,9 @@ def guard_line(record: dict[str, Any] | None) -> str | None:
     """One line for the terminal and the HTML: which guard ran, with which threshold, and why."""
     if record is None:
         return None
-    why = (
-        "as configured"
-        if record["configured"]
-        else (
-            "the default for paraphrases from a file: reviewed, used as written"
-            if record["source"] == "file"
-            else "the default for generated paraphrases"
-        )
-    )
+    why = "as configured" if record["configured"] else (
+        "the default for paraphrases from a file: reviewed, used as written"
+        if record["source"] == "file" else "the default for generated paraphrases")
     if record["provider"] == "embedding":
         what = f"embedding (all-MiniLM-L6-v2), similarity at least {record['min_similarity']}"
     elif record["provider"] == "judge":
@@ -120,29 +107,18 @@ def write_junit(report: dict[str, Any], path: str | Path) -> None:
                 problems.append(f"{p['errors']} trials had no trajectory")
             if problems:
                 f = ET.SubElement(case, "failure", message="; ".join(problems))
-                f.text = "\n".join(
-                    f"{d['kind']} {d['tool']} at step {d['step_index']}: expected {d['expected']!r}, "
-                    f"got {d['got']!r} ({d['count']}x)"
-                    for d in p["divergences"][:10]
-                )
+                f.text = "\n".join(f"{d['kind']} {d['tool']} at step {d['step_index']}: expected {d['expected']!r}, "
+                                   f"got {d['got']!r} ({d['count']}x)" for d in p["divergences"][:10])
             ET.SubElement(case, "system-out").text = f"conformance {_pct(p['conformance'])}; critical {_pct(crit)}"
             cases.append(case)
         cert = data["certificate"]
         case = ET.Element("testcase", classname=f"{report['campaign']}.{arm}", name="certificate")
         if bound_gate is not None and (cert["bound"] is None or cert["bound"] < bound_gate):
-            ET.SubElement(
-                case,
-                "failure",
-                message=f"certified bound {cert['bound']} below {bound_gate} (set by {cert['perturbation']})",
-            )
+            ET.SubElement(case, "failure", message=f"certified bound {cert['bound']} below {bound_gate} "
+                          f"(set by {cert['perturbation']})")
         cases.append(case)
-        suite = ET.SubElement(
-            suites,
-            "testsuite",
-            name=arm,
-            tests=str(len(cases)),
-            failures=str(sum(1 for c in cases if c.find("failure") is not None)),
-        )
+        suite = ET.SubElement(suites, "testsuite", name=arm, tests=str(len(cases)),
+                              failures=str(sum(1 for c in cases if c.find("failure") is not None)))
         suite.extend(cases)
     ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
 
@@ -168,21 +144,16 @@ def _chart(report: dict[str, Any]) -> str:
         perts += [p for p in data["perturbations"] if p not in perts]
     row_h, left, width = 18 * max(1, len(arms)) + 14, 130, 560
     height = 40 + row_h * len(perts)
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 40}" height="{height + 30}" '
-        f'role="img" aria-label="critical conformance by perturbation">'
-    ]
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 40}" height="{height + 30}" '
+           f'role="img" aria-label="critical conformance by perturbation">']
     for tick in range(0, 11, 2):
         x = left + width * tick / 10
-        out.append(
-            f'<line x1="{x}" y1="20" x2="{x}" y2="{height}" stroke="#e3e6ef"/>'
-            f'<text x="{x}" y="{height + 16}" font-size="11" text-anchor="middle">{tick * 10}%</text>'
-        )
+        out.append(f'<line x1="{x}" y1="20" x2="{x}" y2="{height}" stroke="#e3e6ef"/>'
+                   f'<text x="{x}" y="{height + 16}" font-size="11" text-anchor="middle">{tick * 10}%</text>')
     for i, name in enumerate(perts):
         y0 = 28 + i * row_h
-        out.append(
-            f'<text x="{left - 8}" y="{y0 + row_h / 2}" font-size="12" text-anchor="end">{html.escape(name)}</text>'
-        )
+        out.append(f'<text x="{left - 8}" y="{y0 + row_h / 2}" font-size="12" text-anchor="end">{html.escape(name)}'
+                   f"</text>")
         for j, arm in enumerate(arms):
             p = report["arms"][arm]["perturbations"].get(name)
             if not p or p["critical_conformance"]["rate"] is None:
@@ -192,17 +163,14 @@ def _chart(report: dict[str, Any]) -> str:
             colour = _COLOURS[j % len(_COLOURS)]
             x_lo, x_hi, x_pt = (left + width * r[k] for k in ("lo", "hi", "rate"))
             out.append(
-                f"<g><title>{html.escape(arm)} / {html.escape(name)}: {_pct(r)}</title>"
+                f'<g><title>{html.escape(arm)} / {html.escape(name)}: {_pct(r)}</title>'
                 f'<line x1="{x_lo:.1f}" y1="{y}" x2="{x_hi:.1f}" y2="{y}" stroke="{colour}" stroke-width="3"/>'
                 f'<line x1="{x_lo:.1f}" y1="{y - 5}" x2="{x_lo:.1f}" y2="{y + 5}" stroke="{colour}" stroke-width="2"/>'
                 f'<line x1="{x_hi:.1f}" y1="{y - 5}" x2="{x_hi:.1f}" y2="{y + 5}" stroke="{colour}" stroke-width="2"/>'
-                f'<circle cx="{x_pt:.1f}" cy="{y}" r="4.5" fill="{colour}"/></g>'
-            )
+                f'<circle cx="{x_pt:.1f}" cy="{y}" r="4.5" fill="{colour}"/></g>')
     for j, arm in enumerate(arms):
-        out.append(
-            f'<rect x="{left + j * 120}" y="2" width="10" height="10" fill="{_COLOURS[j % len(_COLOURS)]}"/>'
-            f'<text x="{left + j * 120 + 14}" y="11" font-size="12">{html.escape(arm)}</text>'
-        )
+        out.append(f'<rect x="{left + j * 120}" y="2" width="10" height="10" fill="{_COLOURS[j % len(_COLOURS)]}"/>'
+                   f'<text x="{left + j * 120 + 14}" y="11" font-size="12">{html.escape(arm)}</text>')
     out.append("</svg>")
     return "".join(out)
 
@@ -211,10 +179,8 @@ def _cell(r: dict[str, Any] | None) -> str:
     if not r or r.get("rate") is None:
         return '<td class="num muted">n/a</td>'
     cls = "num" + (" bad" if r["rate"] < 1 else "")
-    return (
-        f'<td class="{cls}" title="{r["successes"]}/{r["n"]}">{100 * r["rate"]:.1f}%<br>'
-        f'<small class="muted">[{100 * r["lo"]:.1f}, {100 * r["hi"]:.1f}] n={r["n"]}</small></td>'
-    )
+    return (f'<td class="{cls}" title="{r["successes"]}/{r["n"]}">{100 * r["rate"]:.1f}%<br>'
+            f'<small class="muted">[{100 * r["lo"]:.1f}, {100 * r["hi"]:.1f}] n={r["n"]}</small></td>')
 
 
 # (heading, left title, left record, right title, right record)
@@ -223,96 +189,68 @@ View = tuple[str, str, dict[str, Any], str, dict[str, Any]]
 
 def render_html(report: dict[str, Any], views: list[View] | None = None) -> str:
     e = html.escape
-    parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>Campaign {e(report['campaign'])}</title>"
-        f"<style>{_CSS}</style></head><body>",
-        f"<h1>Campaign <code>{e(report['campaign'])}</code></h1>",
-        f"<p class='muted'>run {e(report['run_id'])} · {e(str(report.get('run_status')))} · "
-        f"{len(report['trials'])} trials</p>",
-    ]
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Campaign {e(report['campaign'])}</title>"
+             f"<style>{_CSS}</style></head><body>",
+             f"<h1>Campaign <code>{e(report['campaign'])}</code></h1>",
+             f"<p class='muted'>run {e(report['run_id'])} · {e(str(report.get('run_status')))} · "
+             f"{len(report['trials'])} trials</p>"]
     guard = guard_line(report.get("paraphrase_guard"))
     if guard:
         parts.append(f"<p>{e(guard)}</p>")
     for arm, data in report["arms"].items():
         c = data["certificate"]
         bound = "n/a" if c["bound"] is None else f"{100 * c['bound']:.1f}%"
-        parts.append(
-            f"<div class='cert'><b>{e(arm)}</b>: certified critical conformance ≥ <b>{bound}</b> "
-            f"(set by {e(str(c['perturbation']))}; a {100 * c['target']:.0f}% bound needs "
-            f"{c['runs_needed']} clean runs per perturbation)</div> "
-        )
+        parts.append(f"<div class='cert'><b>{e(arm)}</b>: certified critical conformance ≥ <b>{bound}</b> "
+                     f"(set by {e(str(c['perturbation']))}; a {100 * c['target']:.0f}% bound needs "
+                     f"{c['runs_needed']} clean runs per perturbation)</div> ")
     parts.append("<h2>Critical conformance by perturbation (Wilson 95%)</h2>" + _chart(report))
     for arm, data in report["arms"].items():
-        parts.append(
-            f"<h2>Arm {e(arm)}</h2><table><tr><th>perturbation</th><th>trials</th><th>errors</th>"
-            "<th>discarded</th><th>conformance</th><th>critical</th><th>structural</th><th>argument</th>"
-            "<th>outcome</th><th>pass^k</th></tr>"
-        )
+        parts.append(f"<h2>Arm {e(arm)}</h2><table><tr><th>perturbation</th><th>trials</th><th>errors</th>"
+                     "<th>discarded</th><th>conformance</th><th>critical</th><th>structural</th><th>argument</th>"
+                     "<th>outcome</th><th>pass^k</th></tr>")
         for name, p in data["perturbations"].items():
             passk = " ".join(f"k={k}: {100 * v:.0f}%" for k, v in list(p["pass_k"].items())[:5])
             errs = f'<td class="num{" bad" if p["errors"] else ""}">{p["errors"]}</td>'
-            parts.append(
-                f"<tr><td>{e(name)}</td><td class='num'>{p['trials']}</td>{errs}"
-                f"<td class='num'>{p['discarded']['count']}</td>{_cell(p['conformance'])}"
-                f"{_cell(p['critical_conformance'])}{_cell(p['consistency']['structural'])}"
-                f"{_cell(p['consistency']['argument'])}{_cell(p['outcome_agreement'])}"
-                f"<td class='muted'>{e(passk)}</td></tr>"
-            )
+            parts.append(f"<tr><td>{e(name)}</td><td class='num'>{p['trials']}</td>{errs}"
+                         f"<td class='num'>{p['discarded']['count']}</td>{_cell(p['conformance'])}"
+                         f"{_cell(p['critical_conformance'])}{_cell(p['consistency']['structural'])}"
+                         f"{_cell(p['consistency']['argument'])}{_cell(p['outcome_agreement'])}"
+                         f"<td class='muted'>{e(passk)}</td></tr>")
         parts.append("</table>")
-        worst = sorted(
-            ((name, d) for name, p in data["perturbations"].items() for d in p["divergences"]),
-            key=lambda x: -x[1]["count"],
-        )[:10]
+        worst = sorted(((name, d) for name, p in data["perturbations"].items() for d in p["divergences"]),
+                       key=lambda x: -x[1]["count"])[:10]
         if worst:
-            parts.append(
-                "<h3>Worst divergences from the modal baseline path</h3><table><tr><th>perturbation</th>"
-                "<th>kind</th><th>step</th><th>tool</th><th>expected</th><th>got</th><th>count</th></tr>"
-            )
+            parts.append("<h3>Worst divergences from the modal baseline path</h3><table><tr><th>perturbation</th>"
+                         "<th>kind</th><th>step</th><th>tool</th><th>expected</th><th>got</th><th>count</th></tr>")
             for name, d in worst:
-                parts.append(
-                    f"<tr><td>{e(name)}</td><td>{e(d['kind'])}</td><td class='num'>{d['step_index']}</td>"
-                    f"<td>{e(str(d['tool']))}</td><td><code>{e(json.dumps(d['expected'], default=str))}"
-                    f"</code></td><td><code>{e(json.dumps(d['got'], default=str))}</code></td>"
-                    f"<td class='num'>{d['count']}</td></tr>"
-                )
+                parts.append(f"<tr><td>{e(name)}</td><td>{e(d['kind'])}</td><td class='num'>{d['step_index']}</td>"
+                             f"<td>{e(str(d['tool']))}</td><td><code>{e(json.dumps(d['expected'], default=str))}"
+                             f"</code></td><td><code>{e(json.dumps(d['got'], default=str))}</code></td>"
+                             f"<td class='num'>{d['count']}</td></tr>")
             parts.append("</table>")
     for pair in report["parity"]:
         a, b = pair["arms"]
-        parts.append(
-            f"<h2>Parity {e(a)} vs {e(b)}</h2><table><tr><th>perturbation</th><th>pairs</th>"
-            f"<th>success {e(a)}</th><th>success {e(b)}</th><th>outcome agreement</th><th>path agreement</th>"
-            "<th>argument agreement</th><th>difference</th><th>p (permutation)</th></tr>"
-        )
+        parts.append(f"<h2>Parity {e(a)} vs {e(b)}</h2><table><tr><th>perturbation</th><th>pairs</th>"
+                     f"<th>success {e(a)}</th><th>success {e(b)}</th><th>outcome agreement</th><th>path agreement</th>"
+                     "<th>argument agreement</th><th>difference</th><th>p (permutation)</th></tr>")
         for name, p in pair["by_perturbation"].items():
             diff = "n/a" if p["difference"] is None else f"{100 * p['difference']:+.1f} pts"
-            pv = (
-                "n/a"
-                if p["p_value"] is None
-                else (f"{p['p_value']:.4f}" if p["p_value"] >= 1e-4 else f"{p['p_value']:.1e}")
-            )
+            pv = "n/a" if p["p_value"] is None else (
+                f"{p['p_value']:.4f}" if p["p_value"] >= 1e-4 else f"{p['p_value']:.1e}")
             sig = " bad" if p["p_value"] is not None and p["p_value"] < 0.05 else ""
-            parts.append(
-                f"<tr><td>{e(name)}</td><td class='num'>{p['pairs']}</td>{_cell(p['success'][a])}"
-                f"{_cell(p['success'][b])}{_cell(p['outcome'])}{_cell(p['path'])}{_cell(p['argument'])}"
-                f"<td class='num'>{diff}</td><td class='num{sig}'>{pv}</td></tr>"
-            )
+            parts.append(f"<tr><td>{e(name)}</td><td class='num'>{p['pairs']}</td>{_cell(p['success'][a])}"
+                         f"{_cell(p['success'][b])}{_cell(p['outcome'])}{_cell(p['path'])}{_cell(p['argument'])}"
+                         f"<td class='num'>{diff}</td><td class='num{sig}'>{pv}</td></tr>")
         parts.append("</table>")
-    parts.append(
-        "<h2>What the numbers mean</h2><ul>"
-        + "".join(f"<li><b>{e(name)}</b>: {e(text)}</li>" for name, text in MEASURES.items())
-        + "</ul>"
-    )
+    parts.append("<h2>What the numbers mean</h2><ul>" + "".join(
+        f"<li><b>{e(name)}</b>: {e(text)}</li>" for name, text in MEASURES.items()) + "</ul>")
     errors = [t for t in report["trials"] if t["status"] == "error"]
     if errors:
-        parts.append(
-            f"<h2>Trials without a trajectory ({len(errors)})</h2><table><tr><th>trial</th><th>arm</th>"
-            "<th>variant</th><th>error</th></tr>"
-        )
+        parts.append(f"<h2>Trials without a trajectory ({len(errors)})</h2><table><tr><th>trial</th><th>arm</th>"
+                     "<th>variant</th><th>error</th></tr>")
         for t in errors[:50]:
-            parts.append(
-                f"<tr><td><code>{e(t['trial_id'])}</code></td><td>{e(t['arm'])}</td>"
-                f"<td>{e(t['variant_id'])}</td><td class='err'>{e(str(t['error']))}</td></tr>"
-            )
+            parts.append(f"<tr><td><code>{e(t['trial_id'])}</code></td><td>{e(t['arm'])}</td>"
+                         f"<td>{e(t['variant_id'])}</td><td class='err'>{e(str(t['error']))}</td></tr>")
         parts.append("</table>")
     for heading, lt, left, rt, right in views or ():
         parts.append(f"<h2>{e(heading)}</h2>" + _aligned_table(lt, left, rt, right))
@@ -346,13 +284,12 @@ def divergence_views(store: Store, report: dict[str, Any]) -> list[View]:
         right = store.trajectory(run_id, example["trial_id"])
         if left is None or right is None:
             continue
-        heading = f"Arm {arm}, {name}: {top['kind']} {top['tool']} ({top['count']}x), case {example['case_id']}"
+        heading = (f"Arm {arm}, {name}: {top['kind']} {top['tool']} ({top['count']}x), case {example['case_id']}")
         views.append((heading, f"{arm} modal baseline", left, f"{arm} {example['variant_id']}", right))
     return views
 
 
 # ---- two trajectories side by side -----------------------------------------------------
-
 
 def _tool_steps(record: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in record.get("steps", []) if s.get("kind") == "tool"]
@@ -373,16 +310,12 @@ def _label(step: dict[str, Any] | None) -> str:
 
 def failed_invariants(record: dict[str, Any]) -> list[str]:
     """The invariants a trajectory failed, each with its severity and where and how it failed."""
-    return [
-        f"{v['invariant']} ({v['severity']}): {v.get('message') or 'failed'}"
-        for v in record.get("verdicts") or []
-        if v.get("verdict") == "fail"
-    ]
+    return [f"{v['invariant']} ({v['severity']}): {v.get('message') or 'failed'}"
+            for v in record.get("verdicts") or [] if v.get("verdict") == "fail"]
 
 
-def side_by_side(
-    left: dict[str, Any], right: dict[str, Any]
-) -> list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]]:
+def side_by_side(left: dict[str, Any], right: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None,
+                                                                          dict[str, Any] | None]]:
     """Aligned rows (mark, left step, right step); mark is "" for the same step, else the kind."""
     a, b = _tool_steps(left), _tool_steps(right)
 
@@ -402,12 +335,8 @@ def side_by_side(
             if bool(x.get("error")) != bool(y.get("error")):
                 mark = "failed" if y.get("error") else "succeeded"
             else:
-                mark = (
-                    ""
-                    if json.dumps(x.get("args"), sort_keys=True, default=str)
-                    == json.dumps(y.get("args"), sort_keys=True, default=str)
-                    else "argument"
-                )
+                mark = "" if json.dumps(x.get("args"), sort_keys=True, default=str) == json.dumps(
+                    y.get("args"), sort_keys=True, default=str) else "argument"
         rows.append((mark, x, y))
     return rows
 
@@ -416,9 +345,8 @@ def side_by_side(
 SHOW_WIDTH = 100
 
 
-def render_text(
-    title_left: str, title_right: str, left: dict[str, Any], right: dict[str, Any], width: int = SHOW_WIDTH
-) -> str:
+def render_text(title_left: str, title_right: str, left: dict[str, Any], right: dict[str, Any],
+                width: int = SHOW_WIDTH) -> str:
     """The two trajectories in two columns (differing rows marked ``≠`` and named on the right),
     each side's status, then the invariants each side failed."""
     rows = side_by_side(left, right)
@@ -457,25 +385,18 @@ def _aligned_table(title_left: str, left: dict[str, Any], title_right: str, righ
     e = html.escape
     body = "".join(
         f"<tr class='{'diff' if mark else ''}'><td>{e(_label(x))}</td><td class='muted'>{e(mark)}</td>"
-        f"<td>{e(_label(y))}</td></tr>"
-        for mark, x, y in side_by_side(left, right)
-    )
+        f"<td>{e(_label(y))}</td></tr>" for mark, x, y in side_by_side(left, right))
     failed = "".join(
         f"<p><b>{e(title)}</b>: {'failed' if lines else 'no invariant failed'}</p>"
         + ("<ul>" + "".join(f"<li>{e(line)}</li>" for line in lines) + "</ul>" if lines else "")
-        for title, lines in ((title_left, failed_invariants(left)), (title_right, failed_invariants(right)))
-    )
-    return (
-        f"<table><tr><th>{e(title_left)}</th><th></th><th>{e(title_right)}</th></tr>{body}"
-        f"<tr><th>{e(str(left.get('status')))}</th><th></th><th>{e(str(right.get('status')))}</th></tr></table>"
-        f"{failed}"
-    )
+        for title, lines in ((title_left, failed_invariants(left)), (title_right, failed_invariants(right))))
+    return (f"<table><tr><th>{e(title_left)}</th><th></th><th>{e(title_right)}</th></tr>{body}"
+            f"<tr><th>{e(str(left.get('status')))}</th><th></th><th>{e(str(right.get('status')))}</th></tr></table>"
+            f"{failed}")
 
 
 def render_show_html(title_left: str, title_right: str, left: dict[str, Any], right: dict[str, Any]) -> str:
     e = html.escape
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title_left)} vs {e(title_right)}</title>"
-        f"<style>{_CSS}</style></head><body><h1>Two trajectories, aligned</h1>"
-        f"{_aligned_table(title_left, left, title_right, right)}</body></html>"
-    )
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title_left)} vs {e(title_right)}</title>"
+            f"<style>{_CSS}</style></head><body><h1>Two trajectories, aligned</h1>"
+            f"{_aligned_table(title_left, left, title_right, right)}</body></html>")

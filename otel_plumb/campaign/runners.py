@@ -103,12 +103,8 @@ class CommandRunner:
                 env.pop(name, None)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self.spec.argv,
-                cwd=self.folder,
-                env=env,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+                *self.spec.argv, cwd=self.folder, env=env, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             )
         except OSError as e:
             raise AgentError(f"cannot start {self.spec.argv[0]}: {e.strerror or e}") from None

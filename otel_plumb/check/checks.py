@@ -183,6 +183,8 @@ def _calls(steps: Sequence[Step], tools: Tools, *, attempts: bool = False) -> li
     return [s for s in steps if s.kind == "tool" and s.name in tools and (attempts or s.error is None)]
 
 
+
+
 class Check:
     """Base: ``early`` marks kinds whose fail on a partial trajectory is final (SPEC 6);
     ``final_fail`` whether a fail on an incomplete trajectory stands; ``fail_survives_lost_data``

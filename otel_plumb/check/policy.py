@@ -351,7 +351,9 @@ class CompiledPolicy:
             run = ck.Run(trajectory, self.context(trajectory), trajectory.complete)
         return [inv.evaluate(run) for inv in self.invariants]
 
-    def early_failures(self, trajectory: Trajectory, only: Container[tuple[str, str]] | None = None) -> list[Verdict]:
+    def early_failures(
+        self, trajectory: Trajectory, only: Container[tuple[str, str]] | None = None
+    ) -> list[Verdict]:
         """Fails already certain on a partial, in-flight trajectory (see ``CompiledInvariant.early``);
         ``only``: of the early invariants with these (policy, invariant) keys (the others cannot
         fail yet: ``check.early.EarlyWatch.may_fail``).
@@ -529,8 +531,7 @@ def _compile_invariant(
             regex = compile_regex(m.regex)
         except re2.error as exc:
             raise doc.error(
-                (*here, "regex"),
-                f"regex {m.regex!r} does not compile with RE2: {regex_problem(exc)} (RE2 has no "
+                (*here, "regex"), f"regex {m.regex!r} does not compile with RE2: {regex_problem(exc)} (RE2 has no "
                 "backreferences or lookaround; it matches in time linear in the text)",
             ) from None
         check = ck.ArgMatches(_tools(m.tool), m.arg, path(m.arg, (*here, "arg")), regex)

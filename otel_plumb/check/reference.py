@@ -65,7 +65,6 @@ def args_match(mode: ArgsMode, got: Any, expected: Mapping[str, Any] | None) -> 
         return True
     if not isinstance(got, Mapping):
         return False
-
     def same(k: str) -> bool:
         return k in got and k in expected and equal(got[k], expected[k])
 

@@ -63,9 +63,8 @@ def _progress(quiet: bool) -> Any:
     return tick
 
 
-def _write(
-    report: dict[str, Any], json_out: str | None, html_out: str | None, junit_out: str | None, store: Any = None
-) -> None:
+def _write(report: dict[str, Any], json_out: str | None, html_out: str | None, junit_out: str | None,
+           store: Any = None) -> None:
     from otel_plumb.campaign import reports
 
     if json_out:
@@ -90,34 +89,26 @@ def _summary(report: dict[str, Any]) -> None:
     """The report in a terminal: lines of at most 100 columns, the measures explained last."""
     from otel_plumb.campaign.reports import MEASURES, guard_line
 
-    click.echo(
-        f"campaign {report['campaign']}  run {report['run_id']}  ({report['run_status']}, "
-        f"{len(report['trials'])} trials)"
-    )
+    click.echo(f"campaign {report['campaign']}  run {report['run_id']}  ({report['run_status']}, "
+               f"{len(report['trials'])} trials)")
     guard = guard_line(report.get("paraphrase_guard"))
     if guard:
         click.echo(guard)
     for arm, data in report["arms"].items():
         click.echo(f"\narm {arm}")
-        click.echo(
-            f"  {'perturbation':<12} {'trials':>6} {'err':>4} {'disc':>4}  {'critical conformance':<22} "
-            f"{'structural':<22} pass^1"
-        )
+        click.echo(f"  {'perturbation':<12} {'trials':>6} {'err':>4} {'disc':>4}  {'critical conformance':<22} "
+                   f"{'structural':<22} pass^1")
         for name, p in data["perturbations"].items():
             pass1 = p["pass_k"].get("1")
-            click.echo(
-                f"  {name:<12} {p['trials']:>6} {p['errors']:>4} {p['discarded']['count']:>4}  "
-                f"{_pct(p['critical_conformance']):<22} {_pct(p['consistency']['structural']):<22} "
-                f"{'n/a' if pass1 is None else f'{pass1:.3f}'}"
-            )
+            click.echo(f"  {name:<12} {p['trials']:>6} {p['errors']:>4} {p['discarded']['count']:>4}  "
+                       f"{_pct(p['critical_conformance']):<22} {_pct(p['consistency']['structural']):<22} "
+                       f"{'n/a' if pass1 is None else f'{pass1:.3f}'}")
         c = data["certificate"]
         if c["bound"] is None:
             click.echo("  certificate: none (no trial of this arm has a trajectory)")
         else:
-            click.echo(
-                f"  certificate: {c['bound']:.4f}, set by {c['perturbation']} (a {c['target']} bound "
-                f"needs {c['runs_needed']} clean runs per perturbation)"
-            )
+            click.echo(f"  certificate: {c['bound']:.4f}, set by {c['perturbation']} (a {c['target']} bound "
+                       f"needs {c['runs_needed']} clean runs per perturbation)")
     for pair in report["parity"]:
         _parity_table(pair)
     click.echo("")
@@ -128,18 +119,15 @@ def _summary(report: dict[str, Any]) -> None:
 def _parity_table(pair: dict[str, Any]) -> None:
     a, b = pair["arms"]
     click.echo(f"\nparity {a} vs {b} (parity success per arm, difference, permutation p, path agreement)")
-    click.echo(
-        f"  {'perturbation':<12} {('success ' + a)[:22]:<22} {('success ' + b)[:22]:<22} "
-        f"{'difference':>11} {'p':>8} {'path':>7}"
-    )
+    click.echo(f"  {'perturbation':<12} {('success ' + a)[:22]:<22} {('success ' + b)[:22]:<22} "
+               f"{'difference':>11} {'p':>8} {'path':>7}")
     for name, p in pair["by_perturbation"].items():
         diff = "n/a" if p["difference"] is None else f"{100 * p['difference']:+.1f} pts"
         pv = "n/a" if p["p_value"] is None else _p(p["p_value"])
         path = p["path"]
         agree = "n/a" if not path or path.get("rate") is None else f"{100 * path['rate']:.1f}%"
-        click.echo(
-            f"  {name:<12} {_pct(p['success'][a]):<22} {_pct(p['success'][b]):<22} {diff:>11} {pv:>8} {agree:>7}"
-        )
+        click.echo(f"  {name:<12} {_pct(p['success'][a]):<22} {_pct(p['success'][b]):<22} {diff:>11} {pv:>8} "
+                   f"{agree:>7}")
 
 
 def _gate_exit(report: dict[str, Any]) -> None:
@@ -166,9 +154,8 @@ class _CampaignGroup(click.Group):
             name = e.name or ""
             if not any(name == m or name.startswith(m + ".") for m in _EXTRA_MODULES):
                 raise
-            raise RunError(
-                f"campaigns need the campaign extra ({name} is not installed): pip install 'otel-plumb[campaign]'"
-            ) from None
+            raise RunError(f"campaigns need the campaign extra ({name} is not installed): "
+                           "pip install 'otel-plumb[campaign]'") from None
 
 
 @click.group(cls=_CampaignGroup)
@@ -186,31 +173,16 @@ def campaign() -> None:
 @click.option("--resume", help="continue an interrupted run (id, id prefix or 'latest')")
 @click.option("--fresh", is_flag=True, help="ask the agents again instead of using cached answers")
 @click.option("-q", "--quiet", is_flag=True, help="no progress marks")
-def run(
-    campaign_file: str,
-    arms: tuple[str, ...],
-    store_path: str | None,
-    json_out: str | None,
-    html_out: str | None,
-    junit_out: str | None,
-    resume: str | None,
-    fresh: bool,
-    quiet: bool,
-) -> None:
+def run(campaign_file: str, arms: tuple[str, ...], store_path: str | None, json_out: str | None,
+        html_out: str | None, junit_out: str | None, resume: str | None, fresh: bool, quiet: bool) -> None:
     """Run CAMPAIGN_FILE: every case, perturbation and arm; exit 1 when its gates fail."""
     from otel_plumb.campaign.config import CampaignError
     from otel_plumb.campaign.reports import build_report
 
     loaded = _load(campaign_file)
     store = _store(store_path)
-    runner = _campaign_run(
-        loaded,
-        store,
-        arms=arms or None,
-        use_cache=not fresh,
-        progress=_progress(quiet),
-        notice=lambda text: click.echo(f"\n{text}", err=True),
-    )
+    runner = _campaign_run(loaded, store, arms=arms or None, use_cache=not fresh, progress=_progress(quiet),
+                           notice=lambda text: click.echo(f"\n{text}", err=True))
     from otel_plumb.campaign.store import RunNotFound
 
     def interrupted(_signum: int, _frame: object) -> None:
@@ -249,9 +221,8 @@ def run(
 @click.option("--json", "json_out")
 @click.option("--html", "html_out")
 @click.option("--junit", "junit_out")
-def report(
-    run_ref: str, store_path: str | None, json_out: str | None, html_out: str | None, junit_out: str | None
-) -> None:
+def report(run_ref: str, store_path: str | None, json_out: str | None, html_out: str | None,
+           junit_out: str | None) -> None:
     """Rebuild the report of a stored RUN (id, id prefix or 'latest')."""
     from otel_plumb.campaign.reports import build_report
 
@@ -292,13 +263,8 @@ def parity(run_ref: str, arm_a: str, arm_b: str, store_path: str | None, json_ou
 
 
 def _trial_records(store: Any, run_id: str, case: str, variant: str, arm: str | None) -> list[tuple[Any, Any]]:
-    rows = [
-        t
-        for t in store.trials(run_id)
-        if t.case_id == case
-        and (t.variant_id == variant or t.variant_id == f"{case}/{variant}")
-        and (arm is None or t.arm == arm)
-    ]
+    rows = [t for t in store.trials(run_id) if t.case_id == case
+            and (t.variant_id == variant or t.variant_id == f"{case}/{variant}") and (arm is None or t.arm == arm)]
     return [(t, store.trajectory(run_id, t.trial_id)) for t in rows]
 
 
@@ -306,18 +272,12 @@ def _trial_records(store: Any, run_id: str, case: str, variant: str, arm: str | 
 @click.argument("run_ref", metavar="RUN")
 @click.option("--case", "case_id", required=True)
 @click.option("--variant", required=True, help="variant id, e.g. tool_fault-0 (or CASE/tool_fault-0)")
-@click.option(
-    "--arm",
-    "arms",
-    multiple=True,
-    help="the two arms to compare (default: the run's first two); with "
-    "one arm, its modal baseline trajectory is compared with the variant",
-)
+@click.option("--arm", "arms", multiple=True, help="the two arms to compare (default: the run's first two); with "
+              "one arm, its modal baseline trajectory is compared with the variant")
 @click.option("--store", "store_path", help=STORE_HELP)
 @click.option("--html", "html_out", help="also write the aligned view as HTML")
-def show(
-    run_ref: str, case_id: str, variant: str, arms: tuple[str, ...], store_path: str | None, html_out: str | None
-) -> None:
+def show(run_ref: str, case_id: str, variant: str, arms: tuple[str, ...], store_path: str | None,
+         html_out: str | None) -> None:
     """Two trajectories of the same case and variant, aligned side by side."""
     from otel_plumb.campaign.analysis import baselines
     from otel_plumb.campaign.reports import render_show_html, render_text
@@ -340,10 +300,8 @@ def show(
         base = baselines([t for t in store.trials(info.run_id) if t.case_id == case_id]).get((arm, case_id))
         if base is None or base.trial_id is None:
             raise RunError(f"case {case_id} has no baseline trajectory for arm {arm}")
-        sides = [
-            (f"{arm} modal baseline", store.trajectory(info.run_id, base.trial_id)),
-            (f"{arm} {variant}", found[0][1]),
-        ]
+        sides = [(f"{arm} modal baseline", store.trajectory(info.run_id, base.trial_id)),
+                 (f"{arm} {variant}", found[0][1])]
     (lt, left), (rt, right) = sides
     click.echo(render_text(lt, rt, left, right))
     if html_out:
@@ -367,9 +325,8 @@ def _failing_variants(store: Any, run_id: str, arm: str | None = None) -> dict[s
 @click.option("--json", "json_out")
 @click.option("--html", "html_out")
 @click.option("-q", "--quiet", is_flag=True)
-def replay(
-    run_ref: str, failing: bool, store_path: str | None, json_out: str | None, html_out: str | None, quiet: bool
-) -> None:
+def replay(run_ref: str, failing: bool, store_path: str | None, json_out: str | None, html_out: str | None,
+           quiet: bool) -> None:
     """Run RUN's stored variants again (as a new run) and say which failures reproduce."""
     from otel_plumb.campaign.reports import build_report
 
@@ -401,13 +358,8 @@ def replay(
 @click.argument("run_ref", metavar="RUN")
 @click.option("--variant", "variant_id", required=True, help="the failing variant (CASE/perturbation-N)")
 @click.option("--arm", help="the arm it fails on (default: the first arm with a failing trial)")
-@click.option(
-    "--trials",
-    type=click.IntRange(1),
-    default=3,
-    show_default=True,
-    help="trials per candidate; a candidate fails if any of them does",
-)
+@click.option("--trials", type=click.IntRange(1), default=3, show_default=True,
+              help="trials per candidate; a candidate fails if any of them does")
 @click.option("--store", "store_path", help=STORE_HELP)
 def minimise(run_ref: str, variant_id: str, arm: str | None, trials: int, store_path: str | None) -> None:
     """Remove steps from a failing variant while it still fails: the smallest step list."""
@@ -415,21 +367,12 @@ def minimise(run_ref: str, variant_id: str, arm: str | None, trials: int, store_
 
     store = _store(store_path)
     info = _run_info(store, run_ref)
-    variant = next(
-        (
-            v
-            for v in store.variants(info.run_id)
-            if v.variant_id == variant_id or v.variant_id.endswith("/" + variant_id)
-        ),
-        None,
-    )
+    variant = next((v for v in store.variants(info.run_id) if v.variant_id == variant_id
+                    or v.variant_id.endswith("/" + variant_id)), None)
     if variant is None:
         raise RunError(f"run {info.run_id} has no variant {variant_id!r}")
-    failing_arms = [
-        t.arm
-        for t in store.trials(info.run_id)
-        if t.variant_id == variant.variant_id and (t.status != "ok" or t.traj_status != "conformant")
-    ]
+    failing_arms = [t.arm for t in store.trials(info.run_id)
+                    if t.variant_id == variant.variant_id and (t.status != "ok" or t.traj_status != "conformant")]
     arm = arm or (failing_arms[0] if failing_arms else None)
     if arm is None:
         raise RunError(f"variant {variant.variant_id} did not fail in run {info.run_id}; nothing to minimise")
@@ -454,13 +397,11 @@ def minimise(run_ref: str, variant_id: str, arm: str | None, trials: int, store_
     while shrunk and steps:
         shrunk = False
         for i in range(len(steps)):
-            candidate = steps[:i] + steps[i + 1 :]
+            candidate = steps[:i] + steps[i + 1:]
             if fails(candidate):
                 steps, shrunk = candidate, True
                 break
     store.set_status(run_id, "complete")
-    click.echo(
-        f"minimal failing steps for {variant.variant_id} on arm {arm} ({len(variant.steps)} -> {len(steps)}, "
-        f"{count['n']} candidates, run {run_id}):"
-    )
+    click.echo(f"minimal failing steps for {variant.variant_id} on arm {arm} ({len(variant.steps)} -> {len(steps)}, "
+               f"{count['n']} candidates, run {run_id}):")
     click.echo(json.dumps(steps, indent=2))

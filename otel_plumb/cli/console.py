@@ -15,16 +15,10 @@ if TYPE_CHECKING:  # aiohttp is imported when the console runs, not for every co
 
 
 @click.command()
-@click.option(
-    "--store",
-    "store_path",
-    required=True,
-    metavar="DB",
-    help="The trajectory store (the processor's store.path, replay --store, or a campaign store).",
-)
-@click.option(
-    "--listen", default="127.0.0.1:8080", show_default=True, metavar="HOST:PORT", help="Where to serve the console."
-)
+@click.option("--store", "store_path", required=True, metavar="DB",
+              help="The trajectory store (the processor's store.path, replay --store, or a campaign store).")
+@click.option("--listen", default="127.0.0.1:8080", show_default=True, metavar="HOST:PORT",
+              help="Where to serve the console.")
 @click.option("--trace-url", default="", metavar="TEMPLATE",
               help="Link each trajectory to the tracing backend: a URL with {trace_id}, e.g. "
                    "http://jaeger:16686/trace/{trace_id}.")  # fmt: skip

@@ -30,13 +30,8 @@ def _line(t: Any) -> str:
 @click.option("--agent", "agents", multiple=True, help="Only these agents.")
 @click.option("--final", is_flag=True, help="Only final decisions (not the early failures of running trajectories).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per decision (the Trajectory message).")
-@click.option(
-    "--token-env",
-    default="OTEL_PLUMB_TOKEN",
-    show_default=True,
-    metavar="NAME",
-    help="The environment variable holding the bearer token, when the listener requires one.",
-)
+@click.option("--token-env", default="OTEL_PLUMB_TOKEN", show_default=True, metavar="NAME",
+              help="The environment variable holding the bearer token, when the listener requires one.")
 @click.option("--ca-file", type=click.Path(dir_okay=False), help="For grpcs://: the CA the processor's certificate "
               "chains to (default: the system's).")  # fmt: skip
 @click.option("--cert-file", type=click.Path(dir_okay=False), help="For mTLS: this client's certificate.")
@@ -55,7 +50,6 @@ def watch(
         raise RunError(f"{target}: give grpc://HOST:PORT or grpcs://HOST:PORT")
     address = target.removeprefix("grpcs://").removeprefix("grpc://")
     if target.startswith("grpcs://"):
-
         def read(path: str | None) -> bytes | None:
             if path is None:
                 return None

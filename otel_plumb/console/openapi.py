@@ -36,7 +36,6 @@ _FILTERS = [
     _param("cursor", "the `next` of the previous page"),
 ]  # fmt: skip
 
-
 def _ok(ref: str, description: str) -> dict[str, Any]:
     schema = {"$ref": f"#/components/schemas/{ref}"}
     return {"description": description, "content": {"application/json": {"schema": schema}}}

@@ -93,9 +93,8 @@ def plan(invoice: Invoice) -> list[tuple[str, dict[str, Any]]]:
     return steps
 
 
-def run_invoice(
-    tracer: trace.Tracer, invoice: Invoice, run_id: str = "", faults: Faults | None = None, retries: int = 0
-) -> str:
+def run_invoice(tracer: trace.Tracer, invoice: Invoice, run_id: str = "", faults: Faults | None = None,
+                retries: int = 0) -> str:
     """Process one invoice; returns the trace id (hex). ``faults``: tool calls that fail as a
     campaign injects them; each failed call is retried up to ``retries`` times, then skipped."""
     answers = _tools(invoice)
@@ -124,15 +123,8 @@ def run_invoice(
         return format(root.get_span_context().trace_id, "032x")
 
 
-def _call_tool(
-    tracer: trace.Tracer,
-    invoice: Invoice,
-    n: int,
-    tool: str,
-    args: dict[str, Any],
-    answers: dict[str, Any],
-    faults: Faults | None,
-) -> bool:
+def _call_tool(tracer: trace.Tracer, invoice: Invoice, n: int, tool: str, args: dict[str, Any],
+               answers: dict[str, Any], faults: Faults | None) -> bool:
     """The model's turn ``n`` asking for the call, then the call; False when the tool failed."""
     call_id = f"call_{invoice.invoice_id}_{n}"
     tool_call = {"type": "tool_call", "id": call_id, "name": tool, "arguments": args}
@@ -194,13 +186,8 @@ def _campaign_trial(request: dict[str, Any], invoice: Invoice, retries: int) -> 
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=request["otlp_endpoint"], insecure=True)))
     try:
         with in_trial(request):
-            run_invoice(
-                provider.get_tracer("otel_plumb.demo.agent"),
-                invoice,
-                request["trial_id"],
-                Faults.from_request(request),
-                retries,
-            )
+            run_invoice(provider.get_tracer("otel_plumb.demo.agent"), invoice, request["trial_id"],
+                        Faults.from_request(request), retries)
         provider.force_flush()
     finally:
         provider.shutdown()

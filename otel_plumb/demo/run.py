@@ -164,10 +164,8 @@ async def run_campaign(store_path: Path, say: Callable[[str], None] = print) -> 
     loaded = load_campaign(campaign_path())
     fault = loaded.spec.perturbations.tool_fault
     assert fault is not None
-    say(
-        f"campaign {loaded.spec.campaign}: the agent's {' against '.join(loaded.spec.arms)} build, each invoice "
-        f"as it comes and with {' and '.join(fault.targets)} failing once..."
-    )
+    say(f"campaign {loaded.spec.campaign}: the agent's {' against '.join(loaded.spec.arms)} build, each invoice "
+        f"as it comes and with {' and '.join(fault.targets)} failing once...")
     store = Store(store_path)
     try:
         # Fresh answers each time: a cached one would show the previous demo's trace again.
@@ -183,10 +181,8 @@ async def run_campaign(store_path: Path, say: Callable[[str], None] = print) -> 
     for pair in report["parity"]:
         for name, p in pair["by_perturbation"].items():
             pv = f"{p['p_value']:.3g}" if p["p_value"] is not None else NO_P_VALUE
-            say(
-                f"  parity {' vs '.join(pair['arms'])} ({name}): same tool path in {_share(p['path'])} of "
-                f"{p['pairs']} pairs, permutation p {pv}"
-            )
+            say(f"  parity {' vs '.join(pair['arms'])} ({name}): same tool path in {_share(p['path'])} of "
+                f"{p['pairs']} pairs, permutation p {pv}")
     return report
 
 

@@ -78,8 +78,6 @@ INFRASTRUCTURE_PREFIXES = ("http.", "url.", "db.", "messaging.", "rpc.")
 
 def _infrastructure(keys: Collection[str]) -> bool:
     return any(k.startswith(INFRASTRUCTURE_PREFIXES) for k in keys)
-
-
 # What an agent framework's own spans speak of, in attribute keys or span names.
 _AGENTIC_KEY = re.compile(r"tool|agent|llm|prompt|completion|handoff|crew", re.IGNORECASE)
 _AGENTIC_NAME = re.compile(r"(?<![a-z])(tools?|agents?|llm|completions?|handoffs?|crews?)(?![a-z])", re.IGNORECASE)

@@ -175,7 +175,6 @@ def _check_against_schema(out: NormalisedSpan, names: frozenset[str] | None) -> 
     out.args, out.args_status = None, "undecodable"
     out.problems += (f"{out.args_source}: {what} of {out.name} ({sorted(names, key=str)[:5]})",)
 
-
 def _read_messages(out: NormalisedSpan, a: Mapping[str, Any]) -> None:
     outputs = flattened(a, "llm.output_messages.")
     if outputs:

@@ -648,10 +648,7 @@ class Processor:
         return self._new_early_failures(trace_id, tombstone.trajectory(trace_id), tombstone.reported)
 
     def _new_early_failures(
-        self,
-        trace_id: str,
-        partial: Trajectory,
-        reported: set[tuple[str, str]],
+        self, trace_id: str, partial: Trajectory, reported: set[tuple[str, str]],
         only: frozenset[tuple[str, str]] | None = None,
     ) -> Decision | None:
         """Early failures on ``partial`` not yet in ``reported`` (of the invariants in ``only``)."""

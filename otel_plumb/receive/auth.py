@@ -166,7 +166,9 @@ class _FileToken:
 class Authenticator:
     """Checks ``Authorization: Bearer <token>`` values and client certificates for one listener."""
 
-    def __init__(self, config: AuthConfig, listener: str, on_failure: Callable[[str, str], None] | None = None) -> None:
+    def __init__(
+        self, config: AuthConfig, listener: str, on_failure: Callable[[str, str], None] | None = None
+    ) -> None:
         self.config = config
         self.listener = listener
         self._on_failure = on_failure

@@ -60,7 +60,9 @@ def trace_service_handler(sink: SpanSink, receiver: str = "grpc") -> grpc.Generi
         return response.SerializeToString()
 
     handler: Callable[[bytes, grpc.aio.ServicerContext[bytes, bytes]], Awaitable[bytes]] = export
-    return grpc.method_handlers_generic_handler(SERVICE, {"Export": grpc.unary_unary_rpc_method_handler(handler)})
+    return grpc.method_handlers_generic_handler(
+        SERVICE, {"Export": grpc.unary_unary_rpc_method_handler(handler)}
+    )
 
 
 def server_options(

@@ -19,6 +19,7 @@ _ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id"
 MAX_DEPTH = 256
 
 
+
 def _hex_ids_to_base64(node: Any, depth: int = 0) -> Any:
     if depth > MAX_DEPTH:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels")

@@ -20,7 +20,6 @@ MAX_VIOLATING_SHOWN = 200
 MAX_INDETERMINATE_SHOWN = 50
 VALUE_CHARS = 160
 
-
 def template_env(folder: str) -> jinja2.Environment:
     """Templates beside the code in ``folder``, every value escaped (values come from traces),
     a missing name an error rather than an empty string."""
@@ -88,3 +87,4 @@ def _view(record: Mapping[str, Any]) -> dict[str, Any]:
     fails.sort(key=lambda v: SEVERITIES.index(v.get("severity", "low")))
     undecided = [v for v in record.get("verdicts", ()) if v["verdict"] == "indeterminate"]
     return {"record": record, "marks": marks, "whole": whole, "fails": fails, "undecided": undecided}
+

@@ -68,3 +68,4 @@ def _detail(record: Mapping[str, Any], v: Mapping[str, Any]) -> str:
                                for s in record.get("steps", ()) if s.get("kind") == "tool"),
     ]  # fmt: skip
     return "\n".join(lines)
+

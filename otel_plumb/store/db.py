@@ -203,7 +203,7 @@ class TrajectoryStore:
         per = max(1, self.db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width)
         values = "(" + ",".join("?" * width) + ")"
         for start in range(0, len(rows), per):
-            chunk = rows[start : start + per]
+            chunk = rows[start:start + per]
             self.db.execute(f"INSERT INTO {table} VALUES {','.join([values] * len(chunk))}",
                             list(chain.from_iterable(chunk)))  # fmt: skip
 
@@ -395,7 +395,6 @@ class TrajectoryStore:
 
     def names(self) -> dict[str, list[str]]:
         """The policies, invariants, agents and services present (for the console's filters)."""
-
         def column(sql: str) -> list[str]:
             return [r[0] for r in self.db.execute(sql).fetchall() if r[0] is not None]
 
