@@ -31,7 +31,7 @@ import shutil
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,6 +76,12 @@ class _Bodies:
     name: str  # as ``Unreadable.table`` says it
     table: str
     files: Segments
+    extra_columns: tuple[str, ...] = ()  # after segment, offset, length and checksum
+    insert: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        columns = ("id", "segment", "offset", "length", "checksum", *self.extra_columns)
+        self.insert = f"INSERT INTO {self.table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
 
 
 class DiskQueue:
@@ -85,7 +91,7 @@ class DiskQueue:
         self._db: sqlite3.Connection | None = None
         segments = Path(f"{path}-segments")
         self._journal_bodies = _Bodies("journal", "journal_entries", Segments(segments / "journal"))
-        self._batch_bodies = _Bodies("batches", "batch_entries", Segments(segments / "batches"))
+        self._batch_bodies = _Bodies("batches", "batch_entries", Segments(segments / "batches"), ("spans",))
         # (file moved aside, why) when the queue file was corrupt at open.
         self.moved_aside: tuple[Path, str] | None = None
         # What ``journaled`` and ``load`` could not read back (dropped), for the caller to report.
@@ -188,20 +194,13 @@ class DiskQueue:
                     db.execute("ROLLBACK")
             raise
 
-    def _store(
-        self, bodies: _Bodies, body: bytes, row_id: int | None = None, spans: int | None = None
-    ) -> tuple[int, int, int]:
-        """Writes ``body`` to a segment and inserts its row; returns (segment, length, row id).
-        ``_stored`` counts it in its segment once the row is committed."""
+    def _store(self, bodies: _Bodies, body: bytes, row_id: int | None = None, *extra: int) -> tuple[int, int, int]:
+        """Writes ``body`` to a segment and inserts its row (``extra``: its ``extra_columns``);
+        returns (segment, length, row id). ``_stored`` counts it in its segment once the row is
+        committed."""
         assert self._db is not None
         segment, offset = bodies.files.write(body)
-        columns = {"id": row_id, "segment": segment, "offset": offset, "length": len(body), "checksum": checksum(body)}
-        if spans is not None:
-            columns["spans"] = spans
-        cur = self._db.execute(
-            f"INSERT INTO {bodies.table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-            tuple(columns.values()),
-        )
+        cur = self._db.execute(bodies.insert, (row_id, segment, offset, len(body), checksum(body), *extra))
         return segment, len(body), int(cur.lastrowid or 0)
 
     def _stored(self, bodies: _Bodies, stored: list[tuple[int, int, int]]) -> None:

@@ -139,16 +139,14 @@ class Segments:
             if segment.entries <= 0:
                 self._retire(segment)
             else:
-                self._check_sparse(segment)
+                self._sparse.add(number)  # take_sparse says whether it is sparse
         self._trim_spares()
-
-    def _check_sparse(self, segment: _Segment) -> None:
-        if segment.live < COMPACT_BELOW * segment.end:
-            self._sparse.add(segment.number)
 
     def take_sparse(self) -> list[int]:
         """Segments to compact now (see the module's docstring); one that holds nothing the
         index points at is among them, for the caller to free."""
+        if not self._sparse:
+            return []
         segments = self._segments
         sparse = sorted(
             n for n in self._sparse
