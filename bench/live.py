@@ -22,12 +22,13 @@ in the same request (early checks never run). Realistic mode, as an SDK BatchSpa
 sends: requests of up to 512 spans across the traces in flight, each span when it ends (so a
 trace's root, which ends last, comes in a later request than its other spans), 20% of the spans
 HTTP and database client spans no convention reads, and ``--payload`` bytes of message content
-on each model call. Each run first sends one wave of other traces of the same shape and waits
-for their export, then measures: a long-running processor's heap has grown to its working set
-already (without the wave, a run at 100 KB per model call spends half its CPU in the kernel
-zeroing the pages of a heap growing to 2 GB). A sweep prints, per point, spans/s end to end,
-the processor's CPU microseconds per span, the ratio to the no-op receiver on the same requests (measured in the
-same run), requests throttled, the processor's peak RSS and its growth over the RSS at start per
+on each model call. Each run first sends ``--warm-up`` waves (one by default) of other traces
+of the same shape, waiting for each wave's export, then measures: a long-running processor's
+heap has grown to its working set already (without a wave, a run at 100 KB per model call
+spends half its CPU in the kernel zeroing the pages of a heap growing to 2 GB). A sweep prints,
+per point, spans/s end to end, the processor's CPU microseconds per span, the ratio to the no-op
+receiver on the same requests (measured in the same run), requests throttled, the processor's
+peak RSS and its growth over the RSS at start per
 span buffered at once (meaningful once those dominate: many traces in flight), and the ratio of
 the largest to the smallest CPU per span (flat cost: near 1). Decision latency is the default
 mode's figure: here every root of a wave arrives at once, so their decisions come in a burst.
