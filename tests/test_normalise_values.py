@@ -2,7 +2,7 @@ import json
 import re
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_plumb.normalise import decode, is_placeholder
@@ -95,7 +95,8 @@ digit_texts = st.lists(
 
 @given(digit_texts)
 def test_a_long_digit_run_is_found_exactly_when_there_is_one(data):
-    # The run that sends a text to json's path (orjson would make an integer beyond 64 bits a float).
+    # The look at the bytes, for texts of many short values (orjson would make an integer
+    # beyond 64 bits a float).
     assert _long_digit_run(data) == (re.search(rb"[0-9]{19}", data) is not None)
 
 
@@ -105,8 +106,45 @@ def test_a_long_digit_run_is_found_exactly_when_there_is_one(data):
         "[1234567890, 1234567890, 123456789012345678]",  # 38 digits, no run of 19: orjson's path
         '{"id": 1234567890123456789}',  # a run of 19: json's path, exact
         '{"ids": [9' + "0" * 40 + ", 7]}",
+        '{"a": {"b": [-9223372036854775809]}}',  # one below the smallest 64-bit integer
+        "[18446744073709551615, 18446744073709551616]",  # the largest unsigned 64-bit integer, and one more
+        "[1e19, 2.5]",  # large floats written as floats
+        "[" + "1, " * 2000 + "1" * 25 + "]",  # the last of many short values: its bytes are looked at
+        '{"rows": [' + '{"n": 1.5}, ' * 600 + '{"n": ' + "7" * 30 + "}]}",
+        '[{"text": "' + "x" * 400 + '", "n": ' + "7" * 30 + "}]",  # few values in many bytes: walked
+        "[0.0012345678901234567, 0.13436424411240122]",  # long fractions: orjson's floats, as json's
     ],
+    ids=["no-run", "run-of-19", "run-of-41", "below-int64", "beyond-uint64", "floats", "long-array", "many-rows",
+         "long-text", "fractions"],
 )
 def test_integers_decode_exactly_whichever_parser_reads_them(raw):
     d = decode(raw)
     assert d.status == "captured" and d.value == json.loads(raw)
+    assert [type(v) for v in _scalars(d.value)] == [type(v) for v in _scalars(json.loads(raw))]
+
+
+def _scalars(value):
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _scalars(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _scalars(v)]
+    return [value]
+
+
+@settings(max_examples=200)
+@given(
+    st.recursive(
+        st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=5),
+        lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=3), inner, max_size=6),
+        max_leaves=40,
+    ),
+    st.integers(0, 1200),
+)
+def test_json_numbers_decode_as_json_reads_them(value, padding):
+    # Behind up to 1,200 other values, in a list of its own: looked for in the value, or in the
+    # bytes when the values are many and short.
+    raw = json.dumps([[0] * padding, value])
+    d = decode(raw)
+    assert d.status == "captured"
+    assert d.value == json.loads(raw)
+    assert [type(v) for v in _scalars(d.value)] == [type(v) for v in _scalars(json.loads(raw))]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Collection
 from typing import Any, NamedTuple
 
 import orjson
@@ -46,15 +47,44 @@ PLACEHOLDERS = frozenset(
 # Largest string handed to ast.literal_eval: it builds a full syntax tree first.
 _LITERAL_EVAL_MAX = 200_000
 _OPENERS = ("{", "[")
-# orjson turns integers beyond 64 bits into floats: text with a run of 19 digits takes json's
-# path. Most payloads hold fewer than 19 digits in all, which one bytes.translate deleting every
-# other byte shows (in a third of the time of mapping digits and counting them); only then are
-# the digits mapped to "0" and everything else to "." for a substring search.
+# orjson turns integers beyond 64 bits into floats, where json keeps them exact: a value orjson
+# read with a float of that size takes json's path. That is looked for in the parsed value when
+# it has at most one value per _BYTES_PER_VALUE bytes of text (message content: a few values in
+# many bytes), else (many short values) in the text's bytes, for a run of 19 digits: so the look
+# costs no more than the cheaper of the two. Most texts hold fewer than 19 digits in all, which
+# one bytes.translate deleting every other byte shows; only then are the digits mapped to "0" and
+# everything else to "." for a substring search.
+_LOSSY = float(2**63)
+_BYTES_PER_VALUE = 16
 _NOT_DIGITS = bytes(i for i in range(256) if not 0x30 <= i <= 0x39)
 _DIGITS_TO_ZERO = bytes(0x30 if 0x30 <= i <= 0x39 else 0x2E for i in range(256))
 _LONG_DIGIT_RUN = b"0" * 19
 # Double (or deeper) encoding is unwound at most this many times.
 _MAX_UNWRAP = 3
+
+
+def _may_have_lost_digits(value: dict[str, Any] | list[Any], text: str) -> bool:
+    """Whether orjson may have read an integer beyond 64 bits in ``text`` as the float it holds
+    in ``value``; a float of that size written as one (``1e19``) also says yes (json reads it
+    the same). Such an integer has 19 digits at least."""
+    if len(text) < 19:
+        return False
+    containers: list[dict[str, Any] | list[Any]] = [value]
+    budget = len(text) // _BYTES_PER_VALUE
+    while containers:
+        c = containers.pop()
+        items: Collection[Any] = c.values() if type(c) is dict else c
+        budget -= len(items)
+        if budget < 0:
+            return _long_digit_run(text.encode())
+        for v in items:
+            t = type(v)
+            if t is float:
+                if not -_LOSSY < v < _LOSSY:
+                    return True
+            elif t is dict or t is list:
+                containers.append(v)
+    return False
 
 
 def _long_digit_run(data: bytes) -> bool:
@@ -105,17 +135,12 @@ def _decode_text(text: str) -> Decoded:
     # Fast path, the common case on the hot path: a JSON object or array, encoded once.
     if text[:1] in _OPENERS:
         try:
-            data = text.encode()
-        except UnicodeEncodeError:
-            data = b""  # lone surrogates: json's path below
-        if data and not _long_digit_run(data):
-            try:
-                value = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                pass  # NaN, Python reprs, garbage: the careful path below decides
-            else:
-                if not isinstance(value, str):
-                    return Decoded(value, "captured")
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass  # NaN, Python reprs, lone surrogates, garbage: the careful path below decides
+        else:
+            if not _may_have_lost_digits(value, text):  # an object or an array: it starts with one
+                return Decoded(value, "captured")
     s = text.strip()
     if not s:
         return ABSENT
