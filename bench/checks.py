@@ -157,6 +157,7 @@ def _ingest_us_per_span(n: int, policy: CompiledPolicy) -> float:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     from otel_plumb.processor import Processor, load_config
+    from otel_plumb.receive.otlp import ReceivedRequest
 
     requests: list[ExportTraceServiceRequest] = []
     traces = max(1, 5000 // n)
@@ -173,7 +174,7 @@ def _ingest_us_per_span(n: int, policy: CompiledPolicy) -> float:
         try:
             t0 = time.process_time()
             for request in requests:
-                await processor.ingest(request, "bench")
+                await processor.ingest(ReceivedRequest.of(request), "bench")
             return (time.process_time() - t0) / (n * traces) * 1e6
         finally:
             await processor.stop()

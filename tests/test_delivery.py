@@ -20,7 +20,7 @@ from otel_plumb.check import decide, load_policy
 from otel_plumb.intake import Intake
 from otel_plumb.model import Decided, SpanRecord
 from otel_plumb.processor import Processor, load_config
-from otel_plumb.receive.otlp import request_records
+from otel_plumb.receive.otlp import ReceivedRequest, request_records
 from otel_plumb.receive.otlp_json import parse_request, request_to_json
 from otel_plumb.replay import replay
 
@@ -151,12 +151,12 @@ def _live_outcomes(
         await processor.start()
         try:
             for request in requests_before:
-                await processor.ingest(request, "test")
+                await processor.ingest(ReceivedRequest.of(request), "test")
             deadline = asyncio.get_running_loop().time() + 10
             while not decided and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.01)
             for request in requests_after:
-                await processor.ingest(request, "test")
+                await processor.ingest(ReceivedRequest.of(request), "test")
         finally:
             await processor.stop()
         dropped = {r: processor.metrics.spans_dropped.labels(r)._value.get() for r in ("duplicate", "malformed")}

@@ -38,6 +38,7 @@ from test_live_support import config, free_port, metric, scrape, start_cli, wait
 from otel_plumb.processor import Processor
 from otel_plumb.receive.files import read_batches
 from otel_plumb.receive.grpc_server import SERVICE
+from otel_plumb.receive.otlp import ReceivedRequest
 from otel_plumb.replay import replay
 
 _OK = ExportTraceServiceResponse().SerializeToString()
@@ -342,7 +343,7 @@ async def test_a_batch_refused_as_too_large_is_sent_in_halves(tmp_path: Path) ->
         for r in requests:
             combined.MergeFrom(r)
         with HealthProbe(processor.metrics_port) as probe:
-            await processor.ingest(combined, "grpc")
+            await processor.ingest(ReceivedRequest.of(combined), "grpc")
             await wait_until(lambda: set(backend.accepted) == sent, 20, "every span delivered in parts")
             text = await assert_drained_and_balanced(processor.metrics_port)
         probe.check()
@@ -387,7 +388,7 @@ async def test_http_413_is_a_size_limit_too(tmp_path: Path) -> None:
         for r in [*fitting, too_big]:
             combined.MergeFrom(r)
         with HealthProbe(processor.metrics_port) as probe:
-            await processor.ingest(combined, "grpc")
+            await processor.ingest(ReceivedRequest.of(combined), "grpc")
             text = await assert_drained_and_balanced(processor.metrics_port)
         probe.check()
         big_id = too_big.resource_spans[0].scope_spans[0].spans[1].span_id
@@ -415,7 +416,7 @@ async def test_a_batch_failing_past_max_elapsed_time_is_dead_lettered(tmp_path: 
     try:
         assert processor.metrics_port
         request = trace_request(tools=3)
-        await processor.ingest(request, "grpc")
+        await processor.ingest(ReceivedRequest.of(request), "grpc")
         text = await assert_drained_and_balanced(processor.metrics_port)
         assert metric(text, "plumb_export_spans_total", outcome="dead_letter") == 4
         assert metric(text, "plumb_export_spans_total", outcome="retried") >= 4
@@ -631,7 +632,7 @@ async def test_a_damaged_batch_is_reported_and_not_sent_and_the_rest_is_after_a_
         assert processor.exporter is not None
         exporter = processor.exporter
         for queued, request in enumerate([trace_request() for _ in range(3)], start=1):
-            await processor.ingest(request, "grpc")  # decided alone: a batch of its own
+            await processor.ingest(ReceivedRequest.of(request), "grpc")  # decided alone: a batch of its own
             await wait_until(lambda: exporter.queued_spans == 5 * queued, 10, "the trace queued")  # noqa: B023
     finally:
         await processor.stop(grace=0.2)
@@ -697,7 +698,7 @@ async def test_slow_backend_duplicates_only_what_it_answered_late(tmp_path: Path
         sent = {i for r in requests for i in span_ids(r)}
         with HealthProbe(processor.metrics_port) as probe:
             for request in requests:
-                await processor.ingest(request, "grpc")
+                await processor.ingest(ReceivedRequest.of(request), "grpc")
             await wait_until(lambda: set(backend.accepted) == sent, 15, "every span delivered")
             text = await assert_drained_and_balanced(processor.metrics_port)
         probe.check()

@@ -18,6 +18,7 @@ from test_live_backpressure import trace_request
 from test_live_support import config, free_port, wait_until
 
 from otel_plumb.processor import Processor
+from otel_plumb.receive.otlp import ReceivedRequest
 from otel_plumb.receive.sink import Throttled
 
 
@@ -50,7 +51,7 @@ async def test_http_export_retries_after_503_and_delivers_once(tmp_path: Path) -
     try:
         sent = [trace_request(tools=3) for _ in range(4)]
         for request in sent:
-            await processor.ingest(request, "grpc")
+            await processor.ingest(ReceivedRequest.of(request), "grpc")
 
         def count() -> int:
             return sum(len(ss.spans) for r in received for rs in r.resource_spans for ss in rs.scope_spans)
@@ -74,12 +75,12 @@ async def test_full_export_queue_throttles_receivers(tmp_path: Path) -> None:
     processor = Processor(cfg)
     await processor.start()
     try:
-        await processor.ingest(trace_request(tools=9), "grpc")  # 10 spans
+        await processor.ingest(ReceivedRequest.of(trace_request(tools=9)), "grpc")  # 10 spans
         exporter = processor.exporter
         assert exporter is not None
         await wait_until(lambda: exporter.queued_spans == 10, 5, "the trace queued for export")
         try:
-            await processor.ingest(trace_request(), "grpc")
+            await processor.ingest(ReceivedRequest.of(trace_request()), "grpc")
             raise AssertionError("accepted with a full export queue")
         except Throttled as exc:
             assert exc.overloaded and "export queue" in exc.reason

@@ -13,6 +13,7 @@ from test_live_support import config, metric, scrape, wait_until
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.export.metrics import OVERFLOW, Metrics
 from otel_plumb.processor import Processor
+from otel_plumb.receive.otlp import ReceivedRequest
 from otel_plumb.report.records import decided_record
 
 
@@ -56,10 +57,10 @@ async def test_late_spans_are_forwarded_and_counted(tmp_path: Path) -> None:
     await processor.start()
     try:
         first = trace_request(tools=2)
-        await processor.ingest(first, "grpc")
+        await processor.ingest(ReceivedRequest.of(first), "grpc")
         await wait_until(lambda: backend.span_count == 3, 5, "the trace decided and exported")
         late = trace_request(tools=1, trace_id=first.resource_spans[0].scope_spans[0].spans[0].trace_id)
-        await processor.ingest(late, "http")
+        await processor.ingest(ReceivedRequest.of(late), "http")
         await wait_until(lambda: backend.span_count == 5, 5, "late spans forwarded")
         text = await asyncio.to_thread(scrape, processor.metrics_port or 0)
     finally:
@@ -87,7 +88,7 @@ async def test_session_grouping_decides_one_trajectory_over_several_traces(tmp_p
         for turn in turns:
             for span in turn.resource_spans[0].scope_spans[0].spans:
                 span.attributes.add(key="gen_ai.conversation.id").value.string_value = "conv-42"
-            await processor.ingest(turn, "grpc")
+            await processor.ingest(ReceivedRequest.of(turn), "grpc")
         await wait_until(lambda: backend.span_count == 5, 5, "the session decided and exported")
     finally:
         await processor.stop()

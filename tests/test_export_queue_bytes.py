@@ -11,6 +11,7 @@ from test_live_support import config, free_port, wait_until
 
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.processor import Processor
+from otel_plumb.receive.otlp import ReceivedRequest
 from otel_plumb.receive.sink import Throttled
 
 
@@ -32,7 +33,7 @@ async def test_past_the_byte_cap_requests_are_refused_retryably_and_nothing_take
         for _ in range(200):  # bounded: each request is about 2 KiB
             request = trace_request(tools=4)
             try:
-                await processor.ingest(request, "test")
+                await processor.ingest(ReceivedRequest.of(request), "test")
             except Throttled as exc:
                 refused = exc
                 break
@@ -44,7 +45,7 @@ async def test_past_the_byte_cap_requests_are_refused_retryably_and_nothing_take
         await backend.start(port)
         await wait_until(lambda: {s.span_id for s in backend.spans()} >= taken, 15, "queued spans delivered")
         await wait_until(lambda: processor.exporter is not None and not processor.exporter.full, 5, "queue drained")
-        await processor.ingest(trace_request(tools=4), "test")  # taken again once there is room
+        await processor.ingest(ReceivedRequest.of(trace_request(tools=4)), "test")  # taken again once there is room
     finally:
         await processor.stop(grace=5)
         await backend.stop()

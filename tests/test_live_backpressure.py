@@ -23,6 +23,7 @@ from test_live_support import config, metric, scrape, wait_until
 
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.processor import Processor
+from otel_plumb.receive.otlp import ReceivedRequest
 from otel_plumb.receive.otlp_json import request_to_json
 
 
@@ -84,7 +85,7 @@ async def test_overloaded_processor_throttles_and_clients_retry_without_loss(tmp
         await wait_until(lambda: backend.span_count >= total, 15, "every span exported")
         # HTTP clients get 429 with Retry-After while the buffers are full.
         for _ in range(6):
-            await processor.ingest(trace_request(), "grpc")
+            await processor.ingest(ReceivedRequest.of(trace_request()), "grpc")
         async with aiohttp.ClientSession() as session:
             body = trace_request().SerializeToString()
             url = f"http://127.0.0.1:{processor.http_port}/v1/traces"

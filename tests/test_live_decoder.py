@@ -18,9 +18,8 @@ from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.demo.run import policy_path
 from otel_plumb.model import Decided
 from otel_plumb.processor import Processor
-from otel_plumb.processor import core as processor_core
 from otel_plumb.receive import auth, otlp
-from otel_plumb.receive.otlp import native_decode_spans
+from otel_plumb.receive.otlp import ReceivedRequest, native_decode_spans
 from otel_plumb.receive.otlp_json import parse_request
 from otel_plumb.report.records import decided_record
 
@@ -48,7 +47,7 @@ async def _decide(
     token = auth.TENANT.set(tenant)
     try:
         for body in bodies:
-            await processor.ingest(ExportTraceServiceRequest.FromString(body), "grpc", body)
+            await processor.ingest(ReceivedRequest.parse(body), "grpc")
     finally:
         auth.TENANT.reset(token)
     deadline = asyncio.get_running_loop().time() + 20
@@ -67,7 +66,7 @@ async def test_the_compiled_decoder_and_the_protobuf_runtime_decide_alike(
     for tenant in (None, "acme"):
         native = await _decide(tmp_path / f"native-{tenant}", bodies, tenant)
         with monkeypatch.context() as m:
-            m.setattr(processor_core, "native_decode_spans", None)
+            m.setattr(otlp, "native_decode_spans", None)
             pure = await _decide(tmp_path / f"pure-{tenant}", bodies, tenant)
         assert native == pure
         assert [r["tenant"] for r in native] == [tenant] * len(native)
@@ -89,7 +88,7 @@ async def test_a_span_the_runtime_parses_but_cannot_read_is_forwarded_and_its_tr
 
     policy = tmp_path / "policy.yaml"
     policy.write_text("policy: pay-once\ninvariants:\n  - {id: once, call_count: {tool: schedule_payment, max: 1}}\n")
-    monkeypatch.setattr(processor_core, "native_decode_spans", None)
+    monkeypatch.setattr(otlp, "native_decode_spans", None)
     monkeypatch.setattr(otlp, "span_record", failing)
     records = await _decide(tmp_path / "unread", bodies, None, policy)
     assert records
@@ -123,7 +122,7 @@ async def _forwarded(tmp_path: Path, body: bytes) -> dict[str, tuple[bytes, str,
     processor = Processor(config(tmp_path, backend.endpoint, policies=[str(policy_path())]))
     await processor.start()
     try:
-        await processor.ingest(ExportTraceServiceRequest.FromString(body), "grpc", body)
+        await processor.ingest(ReceivedRequest.parse(body), "grpc")
         await wait_until(lambda: backend.span_count >= _span_total(body), 20, "every span at the backend")
     finally:
         await processor.stop()
@@ -157,5 +156,5 @@ async def test_spans_are_forwarded_under_their_own_resource_and_scope_either_way
     }  # fmt: skip
     assert len({(v[1], v[3]) for v in sent.values()}) >= 6  # several resources and scopes in one request
     assert await _forwarded(tmp_path / "native", body) == sent
-    monkeypatch.setattr(processor_core, "native_decode_spans", None)
+    monkeypatch.setattr(otlp, "native_decode_spans", None)
     assert await _forwarded(tmp_path / "pure", body) == sent

@@ -234,3 +234,45 @@ async def test_watch_stream_is_served_on_the_otlp_grpc_port(tmp_path: Path) -> N
     finally:
         await processor.stop()
     assert cases == {"INV-1002", "INV-1003", "INV-1004"}
+
+
+async def test_passthrough_leaves_out_resent_spans_and_keeps_each_span_in_its_scope(tmp_path: Path) -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
+
+    def request(*scopes: tuple[str, list[bytes]]) -> ExportTraceServiceRequest:
+        out = ExportTraceServiceRequest()
+        for scope, span_ids in scopes:
+            rs = out.resource_spans.add()
+            rs.resource.attributes.add(key="service.name").value.string_value = f"svc-{scope}"
+            ss = rs.scope_spans.add()
+            ss.scope.name = scope
+            for span_id in span_ids:
+                ss.spans.add(trace_id=b"T" * 16, span_id=span_id, name=f"GET /{span_id.hex()}", start_time_unix_nano=1)
+        return out
+
+    a, b, c, d = (bytes([n]) * 8 for n in range(1, 5))
+    backend = OtlpBackend()
+    await backend.start(0)
+    cfg = config(tmp_path, backend.endpoint, assembly={"idle_timeout": 30})
+    assert cfg.exporters.otlp is not None
+    cfg.exporters.otlp.mode = "passthrough"
+    processor = Processor(cfg)
+    await processor.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{processor.grpc_port}") as channel:
+            stub = TraceServiceStub(channel)
+            await stub.Export(request(("one", [a, b])), timeout=5)
+            # Resent: b (taken before) and c twice in one request; d is new, in a second scope.
+            await stub.Export(request(("one", [b, c, c]), ("two", [d, a])), timeout=5)
+        await wait_until(lambda: backend.span_count >= 4, 10, "spans forwarded")
+    finally:
+        await processor.stop()
+        await backend.stop()
+    scope_of = [
+        (span.span_id, ss.scope.name, rs.resource.attributes[0].value.string_value)
+        for r in backend.requests for rs in r.resource_spans for ss in rs.scope_spans for span in ss.spans
+        if span.name != "plumb.verdict"  # the verdict the stop decided follows
+    ]  # fmt: skip
+    one, two = ("one", "svc-one"), ("two", "svc-two")
+    assert sorted(scope_of) == [(a, *one), (b, *one), (c, *one), (d, *two)]

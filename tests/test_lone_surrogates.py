@@ -70,7 +70,7 @@ def otlp_json(name: str, value: str) -> dict[str, Any]:
 def test_an_otlp_json_request_with_a_lone_surrogate_is_accepted() -> None:
     body = json.dumps(otlp_json("execute_tool send\ud800", '{"to": "\\ud800@x.org"}')).encode()
     assert b"\\ud800" in body
-    (span,) = decode(body, as_json=True).resource_spans[0].scope_spans[0].spans
+    (span,) = decode(body, as_json=True).message.resource_spans[0].scope_spans[0].spans
     assert span.name == "execute_tool send\\ud800"
     # The escape inside the arguments' JSON text is the normaliser's to read: still text here.
     assert span.attributes[0].value.string_value == '{"to": "\\ud800@x.org"}'

@@ -98,6 +98,16 @@ def assert_same(data: bytes) -> Any:
     if want[0] == "accepted":
         # Each span is forwarded byte for byte as it came.
         assert all(body in data for body, _, _ in native.decode_spans(data)[1])
+    # What the receivers run: one parse, whichever decoder reads it, with upb's verdict.
+    try:
+        received = otlp.ReceivedRequest.parse(data)
+    except DecodeError:
+        assert want[0] == "rejected"
+    else:
+        assert want[0] == "accepted"
+        assert spans_outcome(lambda _: received.spans, data) == want_spans
+        assert received.message == ExportTraceServiceRequest.FromString(data)
+        assert received.raw == data and received.size == len(data)
     return want
 
 

@@ -15,6 +15,7 @@ from test_live_support import config
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.processor import Processor, core, load_config
 from otel_plumb.processor.core import GC_THRESHOLDS, load_policy_files
+from otel_plumb.receive.otlp import ReceivedRequest
 from otel_plumb.receive.otlp_json import parse_request
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -103,7 +104,7 @@ def test_the_span_path_leaves_no_reference_cycles(tmp_path: Path) -> None:
             gc.collect()
             gc.set_debug(gc.DEBUG_SAVEALL)
             for request in requests:
-                await processor.ingest(request, "test", request.SerializeToString())
+                await processor.ingest(ReceivedRequest.parse(request.SerializeToString()), "test")
             assert await backend.wait_for_spans(len(requests), 10)  # decided, annotated, exported
             gc.collect()
             return seen, sorted({repr(o)[:150] for o in gc.garbage if _ours(o)})

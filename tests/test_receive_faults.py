@@ -286,6 +286,16 @@ async def test_compression_bombs_are_refused_within_the_limit_and_the_loop_keeps
 # ---- unknown encodings and content types, malformed bodies however they fail ---------------------
 
 
+def _malformed_protobuf() -> list[tuple[str, bytes]]:
+    valid = trace_request().SerializeToString()
+    return [
+        ("protobuf garbage", b"\xff\xff\xff not protobuf"),
+        ("protobuf truncated", valid[:-3]),
+        ("protobuf string not UTF-8", valid.replace(b"load", b"\xff\xfe\xfd\xfc")),
+        ("protobuf nested 2000 deep", deep_protobuf(2000)),
+    ]
+
+
 def _malformed_cases() -> list[tuple[str, dict[str, str], bytes, int]]:
     valid = trace_request().SerializeToString()
     valid_json = json.dumps(request_to_json(trace_request())).encode()
@@ -304,8 +314,7 @@ def _malformed_cases() -> list[tuple[str, dict[str, str], bytes, int]]:
         ("JSON wrong types", JSON, b'{"resourceSpans": 5}', 400),
         ("JSON bad ids", JSON, valid_json.replace(b'"traceId": "', b'"traceId": "zz'), 400),
         ("JSON truncated", JSON, valid_json[:-10], 400),
-        ("protobuf garbage", PROTOBUF, b"\xff\xff\xff not protobuf", 400),
-        ("protobuf nested 2000 deep", PROTOBUF, deep_protobuf(2000), 400),
+        *((name, PROTOBUF, body, 400) for name, body in _malformed_protobuf()),
         ("gzip truncated", {**PROTOBUF, "Content-Encoding": "gzip"}, gzip.compress(valid)[:-12], 400),
         ("gzip not gzip", {**PROTOBUF, "Content-Encoding": "gzip"}, b"plain bytes", 400),
         ("zstd not zstd", {**PROTOBUF, "Content-Encoding": "zstd"}, b"plain bytes", 400),
@@ -354,18 +363,20 @@ async def test_malformed_bodies_are_400_or_415_counted_and_logged_at_a_rate_limi
                 status, answer = await post(session, port, encode(plain), headers)
                 assert status == 200, (headers, answer)
                 sent += SPANS_PER_REQUEST
-            # gRPC: the deeply nested request is refused and counted too.
+            # gRPC: the same bytes are refused and counted too.
             async with grpc.aio.insecure_channel(f"127.0.0.1:{processor.grpc_port}") as channel:
                 raw = channel.unary_unary(
                     EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
                 )
-                with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    await raw(deep_protobuf(2000), timeout=5)
-                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                for name, body in _malformed_protobuf():
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await raw(body, timeout=5)
+                    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
         prober.check()
         assert await backend.wait_for_spans(sent, 10), (backend.span_count, sent)
         text = await scrape_when_sent(processor.metrics_port or 0, sent)
-    assert metric(text, "plumb_spans_dropped_total", reason="malformed") == len(cases) + 1 + flood + 1
+    refused_grpc = len(_malformed_protobuf())
+    assert metric(text, "plumb_spans_dropped_total", reason="malformed") == len(cases) + 1 + flood + refused_grpc
     assert metric(text, "plumb_spans_received_total") == sent
     assert metric(text, "plumb_export_spans_total", outcome="sent") == sent
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"

@@ -64,7 +64,7 @@ from otel_plumb.processor.consumers import (
 )
 from otel_plumb.ratelimit import RateLimitedLog
 from otel_plumb.receive import auth, connections, grpc_server, http_server
-from otel_plumb.receive.otlp import OriginWire, RequestSpans, UnreadSpan, native_decode_spans, request_spans
+from otel_plumb.receive.otlp import OriginWire, ReceivedRequest, UnreadSpan
 from otel_plumb.receive.sink import IngestResult, Throttled
 from otel_plumb.redact import Scrub
 from otel_plumb.store import StoreWriter
@@ -431,14 +431,14 @@ class Processor:
         if self.exporter is not None and self.exporter.full:
             raise Throttled(retry_after, "otel-plumb export queue is full; retry later")
 
-    async def ingest(self, request: ExportTraceServiceRequest, receiver: str, raw: bytes | None = None) -> IngestResult:
+    async def ingest(self, request: ReceivedRequest, receiver: str) -> IngestResult:
         """Take a request's spans (see ``SpanSink.ingest``)."""
         self._check_capacity()
         # Requests between the capacity check and the buffers count against the limit, so that
         # many concurrent requests cannot all pass the check at once.
-        count = _span_count(request)
+        count = len(request.spans[0])
         self._incoming += count
-        size = len(raw) if raw is not None else request.ByteSize()
+        size = request.size
         self._incoming_bytes += size
         try:
             journal_id = 0
@@ -447,59 +447,61 @@ class Processor:
                     if self._annotate:
                         # Durable before the client hears "ok": replayed after a crash until its
                         # spans are queued for export.
-                        journal_id = await self.exporter.journal(raw or request.SerializeToString())
+                        journal_id = await self.exporter.journal(request.raw)
                     else:
                         # Passthrough: forwarded as received before anything else (resent spans
                         # left out); the verdict follows.
                         forward = self._without_resent(request)
                         if self._forward_scrub is not None:
-                            forward = _redacted_request(forward or request, self._forward_scrub)
+                            forward = _redacted_request(forward or request.message, self._forward_scrub)
                         if forward is not None:
                             await self.exporter.submit([(forward.SerializeToString(), _span_count(forward))])
                         else:
-                            await self.exporter.submit([(raw or request.SerializeToString(), count)])
+                            await self.exporter.submit([(request.raw, count)])
                 except StorageError as exc:
                     # Nothing of the request was taken: the client retries (UNAVAILABLE / 503).
                     raise Throttled(
                         self.config.receivers.retry_after, f"otel-plumb cannot write its state ({exc}); retry later",
                         overloaded=False,
                     ) from exc  # fmt: skip
-            return await self._take(request, receiver, journal_id, raw)
+            return await self._take(request, receiver, journal_id)
         finally:
             self._incoming -= count
             self._incoming_bytes -= size
 
-    def _without_resent(self, request: ExportTraceServiceRequest) -> ExportTraceServiceRequest | None:
+    def _without_resent(self, request: ReceivedRequest) -> ExportTraceServiceRequest | None:
         """A copy of the request without the spans taken before (or twice in it); None when
-        there are none, the usual case."""
-        seen: set[tuple[bytes, bytes]] = set()
-        resent: list[tuple[int, int, int]] = []
+        there are none, the usual case (and then the message is never parsed)."""
+        seen: set[tuple[str, str]] = set()
+        resent: set[int] = set()
         has_span = self.intake.has_span
-        for i, rs in enumerate(request.resource_spans):
-            for j, ss in enumerate(rs.scope_spans):
-                for k, span in enumerate(ss.spans):
-                    ids = (span.trace_id, span.span_id)
-                    if ids in seen or has_span(span.trace_id.hex(), span.span_id.hex()):
-                        resent.append((i, j, k))
-                    seen.add(ids)
+        # Records come in the request's order: the n-th is the message's n-th span.
+        for n, record in enumerate(request.spans[0]):
+            ids = (record.trace_id, record.span_id)
+            if ids in seen or has_span(*ids):
+                resent.add(n)
+            seen.add(ids)
         if not resent:
             return None
         copy = ExportTraceServiceRequest()
-        copy.CopyFrom(request)
-        for i, j, k in reversed(resent):
-            del copy.resource_spans[i].scope_spans[j].spans[k]
+        copy.CopyFrom(request.message)
+        n = 0
+        for rs in copy.resource_spans:
+            for ss in rs.scope_spans:
+                kept = [span for k, span in enumerate(ss.spans, n) if k not in resent]
+                n += len(ss.spans)
+                del ss.spans[:]
+                ss.spans.extend(kept)
         return copy
 
     async def _take(
         self,
-        request: ExportTraceServiceRequest,
+        request: ReceivedRequest,
         receiver: str,
         journal_id: int,
-        raw: bytes | None = None,
         skip_traces: set[bytes] | frozenset[bytes] = frozenset(),
     ) -> IngestResult:
-        """Normalise and buffer every span of a request (but those of ``skip_traces``); ``raw``:
-        the request's bytes, when it came as protobuf."""
+        """Normalise and buffer every span of a request (but those of ``skip_traces``)."""
         now = time.monotonic()
         taken = rejected = resent = 0
         # Forwarded unchecked: spans of decided traces (late), and spans of traces still in flight
@@ -516,7 +518,9 @@ class Processor:
         source = Source(f"request on {receiver}")
         counted = self.metrics.spans_dropped
         tenant = auth.TENANT.get()
-        records, wires, origin_wires = _request_spans(request, raw, tenant)
+        records, wires, origin_wires = request.spans
+        if tenant is not None:  # None: the listener has no auth
+            _set_tenant(records, tenant)
         origins = _origins(origin_wires)
         last_arrival, rooted, early_state, new_state = (
             self._last_arrival, self._rooted, self._early_state, self._early_watch.state
@@ -852,7 +856,7 @@ class Processor:
         assert self.exporter is not None
         entries = await self.exporter.journaled()
         for journal_id, body, done in entries:
-            await self._take(ExportTraceServiceRequest.FromString(body), "journal", journal_id, body, done)
+            await self._take(ReceivedRequest.parse(body), "journal", journal_id, done)
         if entries:
             log.info("replayed %d journaled requests from a previous run", len(entries))
 
@@ -916,29 +920,6 @@ class _ExportConsumer:
             await p._submit_requests([(request.SerializeToString(), 1) for request in verdict_spans])
 
 
-def _request_spans(request: ExportTraceServiceRequest, raw: bytes | None, tenant: str | None) -> RequestSpans:
-    """The records of a request's spans, in their order, each with its span as sent. From the
-    compiled decoder when the request came as protobuf (a fraction of the time reading each span
-    here takes, and the spans are sliced out of the request's bytes, never re-serialised); from
-    the parsed request without the bytes or the decoder, or when the decoder refuses them or
-    counts other spans."""
-    spans: RequestSpans | None = None
-    if raw is not None and native_decode_spans is not None:
-        try:
-            spans = native_decode_spans(raw)
-        except Exception:
-            spans = None
-        if spans is not None and len(spans[0]) != _span_count(request):
-            spans = None
-    if spans is None:
-        spans = request_spans(request)
-    if tenant is not None:
-        records = [r for r in spans[0] if type(r) is SpanRecord]
-        for resource in {id(r.resource): r.resource for r in records}.values():  # one per ResourceSpans
-            _set_tenant(cast("dict[str, Any]", resource), tenant)
-    return spans
-
-
 _journal_id = attrgetter("journal_id")
 _journal_and_trace = attrgetter("journal_id", "ids.trace_id")
 
@@ -948,10 +929,11 @@ def _origins(wires: list[OriginWire]) -> list[Origin]:
     return [Origin((resource, resource_url), (scope, scope_url)) for resource, resource_url, scope, scope_url in wires]
 
 
-def _set_tenant(resource: dict[str, Any], tenant: str | None) -> None:
+def _set_tenant(records: list[SpanRecord | UnreadSpan], tenant: str) -> None:
     """The tenant of the request's bearer token (receive.auth) replaces whatever plumb.tenant
-    the client put on its resources; None: the listener has no auth."""
-    if tenant is not None:
+    the client put on its resources (one dict per ResourceSpans, shared by its records)."""
+    spans = [r for r in records if type(r) is SpanRecord]
+    for resource in {id(r.resource): cast("dict[str, Any]", r.resource) for r in spans}.values():
         resource.pop(auth.TENANT_ATTRIBUTE, None)
         if tenant:
             resource[auth.TENANT_ATTRIBUTE] = tenant

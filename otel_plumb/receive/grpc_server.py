@@ -17,11 +17,9 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from otel_plumb.receive.otlp import ReceivedRequest
 from otel_plumb.receive.sink import SpanSink, Throttled
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
@@ -44,12 +42,12 @@ def retry_status(exc: Throttled) -> tuple[grpc.StatusCode, str, tuple[tuple[str,
 def trace_service_handler(sink: SpanSink, receiver: str = "grpc") -> grpc.GenericRpcHandler[bytes, bytes]:
     async def export(raw: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
         try:
-            request = ExportTraceServiceRequest.FromString(raw)
+            request = ReceivedRequest.parse(raw)
         except (DecodeError, RecursionError, MemoryError, ValueError) as exc:
             sink.malformed(receiver, str(exc) or type(exc).__name__)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not an ExportTraceServiceRequest: {exc}")
         try:
-            result = await sink.ingest(request, receiver, raw)
+            result = await sink.ingest(request, receiver)
         except Throttled as exc:
             code, message, metadata = retry_status(exc)
             await context.abort(code, message, trailing_metadata=metadata)

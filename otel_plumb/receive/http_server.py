@@ -26,12 +26,10 @@ import zstandard
 from aiohttp import web
 from google.protobuf import json_format
 from google.rpc import code_pb2, status_pb2
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from otel_plumb.model.text import parse_json
+from otel_plumb.receive.otlp import ReceivedRequest
 from otel_plumb.receive.otlp_json import parse_request
 from otel_plumb.receive.sink import SpanSink, Throttled
 
@@ -150,16 +148,16 @@ async def _unzstd(data: bytes, limit: int) -> bytes:
         raise Refused(400, f"not a valid zstd body: {exc}") from exc
 
 
-def decode(raw: bytes, as_json: bool) -> ExportTraceServiceRequest:
+def decode(raw: bytes, as_json: bool) -> ReceivedRequest:
     """The request in ``raw``; 400 with a short reason however decoding fails (RecursionError,
     MemoryError, UnicodeDecodeError, DecodeError, ...)."""
     try:
         if not as_json:
-            return ExportTraceServiceRequest.FromString(raw)
+            return ReceivedRequest.parse(raw)
         obj = parse_json(raw)
         if not isinstance(obj, dict):
             raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-        return parse_request(obj)
+        return ReceivedRequest.of(parse_request(obj))
     except Exception as exc:  # any failure to decode is the client's malformed body
         raise Refused(400, f"not an ExportTraceServiceRequest: {_short(exc)}") from None
 
@@ -189,7 +187,7 @@ def traces_app(
     ``connections.serve``): bodies are inflated here, within the limit."""
     decoding = asyncio.Semaphore(DECODE_CONCURRENCY)
 
-    async def read_request(request: web.Request, as_json: bool) -> tuple[ExportTraceServiceRequest, bytes]:
+    async def read_request(request: web.Request, as_json: bool) -> ReceivedRequest:
         if request.content_type not in (JSON, PROTOBUF):
             raise Refused(415, f"unsupported content type {request.content_type!r} (use {PROTOBUF} or {JSON})")
         codings = content_codings(request.headers.get("Content-Encoding", ""))
@@ -201,12 +199,12 @@ def traces_app(
                 message = await asyncio.to_thread(decode, raw, as_json)
             else:
                 message = decode(raw, as_json)
-        return message, raw
+        return message
 
     async def post_traces(request: web.Request) -> web.Response:
         as_json = request.content_type == JSON
         try:
-            message, raw = await read_request(request, as_json)
+            message = await read_request(request, as_json)
         except Refused as exc:
             sink.malformed(receiver, exc.reason)
             refusal = _error(exc.status, _CODES.get(exc.status, code_pb2.INVALID_ARGUMENT), exc.reason, as_json)
@@ -214,7 +212,7 @@ def traces_app(
                 refusal.force_close()
             return refusal
         try:
-            result = await sink.ingest(message, receiver, None if as_json else raw)
+            result = await sink.ingest(message, receiver)
         except Throttled as exc:
             retry_after = str(max(1, round(exc.retry_after)))
             return _error(

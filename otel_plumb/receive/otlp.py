@@ -8,6 +8,8 @@ functions below; both give the same records and reject the same bytes with the s
 ``decode_spans`` (the live processor's) gives each record with its span as sent (``SpanWire``)
 and where it came from (``OriginWire``), so the span is forwarded without a parsed message: the
 compiled decoder slices them out of the request's bytes, the protobuf runtime serialises them.
+``ReceivedRequest`` is what the receivers hand on: the bytes decoded once, the message parsed
+only if something needs it.
 """
 
 from __future__ import annotations
@@ -157,6 +159,75 @@ DECODER = "native" if _native else "pure-python"
 native_decode_request: Callable[[bytes], list[SpanRecord]] | None = _native.decode_request if _native else None
 native_decode_spans: Callable[[bytes], RequestSpans] | None = _native.decode_spans if _native else None
 decode_request: Callable[[bytes], list[SpanRecord]] = native_decode_request or pure_decode_request
+
+
+class ReceivedRequest:
+    """An ExportTraceServiceRequest as a receiver took it: its bytes, its spans, and the parsed
+    message only when something asks for it (forwarding with spans left out or redacted).
+
+    ``parse`` decodes the bytes once: straight into span records with the compiled decoder (a
+    large request parsed by the protobuf runtime as well cost as much again, in allocations it
+    hands back to the system), else with the protobuf runtime. Both refuse the same bytes
+    (``tests/test_native_decoder.py``); should they ever differ, the protobuf runtime decides.
+    """
+
+    __slots__ = ("_message", "_raw", "_spans")
+
+    def __init__(
+        self, message: ExportTraceServiceRequest | None, raw: bytes | None, spans: RequestSpans | None = None
+    ) -> None:
+        self._message, self._raw, self._spans = message, raw, spans
+
+    @classmethod
+    def parse(cls, raw: bytes) -> ReceivedRequest:
+        """Raises ``DecodeError`` (or RecursionError, MemoryError) on bytes that are not a request."""
+        spans = _native_spans(raw)
+        if spans is not None:
+            return cls(None, raw, spans)
+        return cls(ExportTraceServiceRequest.FromString(raw), raw)
+
+    @classmethod
+    def of(cls, message: ExportTraceServiceRequest, raw: bytes | None = None) -> ReceivedRequest:
+        """A request parsed elsewhere (OTLP/JSON, tests); ``raw``: its bytes, if it came as protobuf."""
+        return cls(message, raw)
+
+    @property
+    def message(self) -> ExportTraceServiceRequest:
+        if self._message is None:
+            assert self._raw is not None
+            self._message = ExportTraceServiceRequest.FromString(self._raw)
+        return self._message
+
+    @property
+    def raw(self) -> bytes:
+        """The request's bytes: as received, else serialised."""
+        if self._raw is None:
+            assert self._message is not None
+            self._raw = self._message.SerializeToString()
+        return self._raw
+
+    @property
+    def spans(self) -> RequestSpans:
+        """Each span's record, with its bytes and origin (see ``decode_spans``)."""
+        if self._spans is None:
+            spans = None if self._raw is None else _native_spans(self._raw)
+            self._spans = spans if spans is not None else request_spans(self.message)
+        return self._spans
+
+    @property
+    def size(self) -> int:
+        """Its size in bytes as received (serialised, when it came as JSON)."""
+        return len(self._raw) if self._raw is not None else self.message.ByteSize()
+
+
+def _native_spans(raw: bytes) -> RequestSpans | None:
+    """``raw`` through the compiled decoder; None without it or when it refuses them."""
+    if native_decode_spans is None:
+        return None
+    try:
+        return native_decode_spans(raw)
+    except Exception:
+        return None
 
 
 def to_key_values(values: dict[str, Any]) -> list[KeyValue]:

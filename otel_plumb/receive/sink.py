@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from otel_plumb.receive.otlp import ReceivedRequest
 
 
 class Throttled(Exception):
@@ -31,9 +31,8 @@ class IngestResult:
 
 
 class SpanSink(Protocol):
-    async def ingest(self, request: ExportTraceServiceRequest, receiver: str, raw: bytes | None = None) -> IngestResult:
-        """Take every span of the request, or raise Throttled before taking any. ``raw``: the
-        request as received, when it was protobuf (saves serialising it again)."""
+    async def ingest(self, request: ReceivedRequest, receiver: str) -> IngestResult:
+        """Take every span of the request, or raise Throttled before taking any."""
         ...
 
     def malformed(self, receiver: str, reason: str) -> None:
