@@ -11,6 +11,7 @@ from pathlib import Path
 
 import aiohttp
 import grpc
+import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -46,7 +47,9 @@ def trace_request(tools: int = 4, trace_id: bytes | None = None) -> ExportTraceS
     return request
 
 
-async def test_overloaded_processor_throttles_and_clients_retry_without_loss(tmp_path: Path) -> None:
+async def test_overloaded_processor_throttles_and_clients_retry_without_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     backend = OtlpBackend()
     await backend.start(0)
     processor = Processor(
@@ -90,11 +93,17 @@ async def test_overloaded_processor_throttles_and_clients_retry_without_loss(tmp
             body = trace_request().SerializeToString()
             url = f"http://127.0.0.1:{processor.http_port}/v1/traces"
             headers = {"Content-Type": "application/x-protobuf"}
+            # Refused before it is decoded: under overload a refusal costs no decoding.
+            parsed: list[bytes] = []
+            parse = ReceivedRequest.parse
+            monkeypatch.setattr(ReceivedRequest, "parse", lambda raw: parsed.append(raw) or parse(raw))
             async with session.post(url, data=body, headers=headers) as resp:
                 assert resp.status == 429 and resp.headers["Retry-After"] == "1"
+            assert parsed == []
             await wait_until(lambda: processor.intake.spans_buffered < 30, 5, "buffers to drain")
             async with session.post(url, data=body, headers=headers) as resp:
                 assert resp.status == 200
+            assert parsed == [body]
         total += 6 * 5 + 5
         await wait_until(lambda: backend.span_count >= total, 10, "the rest exported")
         text = await asyncio.to_thread(scrape, processor.metrics_port or 0)

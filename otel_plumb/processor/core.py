@@ -418,7 +418,8 @@ class Processor:
         # A flood of bad requests logs a line per interval (with the count), not one each.
         _malformed_log.warning(f"malformed:{receiver}", "malformed OTLP request on %s: %s", receiver, reason)
 
-    def _check_capacity(self) -> None:
+    def admit(self) -> None:
+        """Raise Throttled while shutting down or at a limit (see ``SpanSink.admit``)."""
         retry_after = self.config.receivers.retry_after
         if self._stopping or not self._started:
             raise Throttled(retry_after, "otel-plumb is shutting down", overloaded=False)
@@ -433,7 +434,7 @@ class Processor:
 
     async def ingest(self, request: ReceivedRequest, receiver: str) -> IngestResult:
         """Take a request's spans (see ``SpanSink.ingest``)."""
-        self._check_capacity()
+        self.admit()
         # Requests between the capacity check and the buffers count against the limit, so that
         # many concurrent requests cannot all pass the check at once.
         count = len(request.spans[0])

@@ -42,11 +42,12 @@ def retry_status(exc: Throttled) -> tuple[grpc.StatusCode, str, tuple[tuple[str,
 def trace_service_handler(sink: SpanSink, receiver: str = "grpc") -> grpc.GenericRpcHandler[bytes, bytes]:
     async def export(raw: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
         try:
-            request = ReceivedRequest.parse(raw)
-        except (DecodeError, RecursionError, MemoryError, ValueError) as exc:
-            sink.malformed(receiver, str(exc) or type(exc).__name__)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not an ExportTraceServiceRequest: {exc}")
-        try:
+            sink.admit()
+            try:
+                request = ReceivedRequest.parse(raw)
+            except (DecodeError, RecursionError, MemoryError, ValueError) as exc:
+                sink.malformed(receiver, str(exc) or type(exc).__name__)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not an ExportTraceServiceRequest: {exc}")
             result = await sink.ingest(request, receiver)
         except Throttled as exc:
             code, message, metadata = retry_status(exc)

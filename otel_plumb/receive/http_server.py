@@ -192,6 +192,7 @@ def traces_app(
             raise Refused(415, f"unsupported content type {request.content_type!r} (use {PROTOBUF} or {JSON})")
         codings = content_codings(request.headers.get("Content-Encoding", ""))
         raw = await read_raw(request, max_message_bytes, body_timeout)
+        sink.admit()
         async with decoding:
             for coding in reversed(codings):
                 raw = await inflate(coding, raw, max_message_bytes)
@@ -205,14 +206,13 @@ def traces_app(
         as_json = request.content_type == JSON
         try:
             message = await read_request(request, as_json)
+            result = await sink.ingest(message, receiver)
         except Refused as exc:
             sink.malformed(receiver, exc.reason)
             refusal = _error(exc.status, _CODES.get(exc.status, code_pb2.INVALID_ARGUMENT), exc.reason, as_json)
             if exc.status in (408, 413):  # the rest of the body is not worth reading
                 refusal.force_close()
             return refusal
-        try:
-            result = await sink.ingest(message, receiver)
         except Throttled as exc:
             retry_after = str(max(1, round(exc.retry_after)))
             return _error(

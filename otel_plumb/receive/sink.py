@@ -31,6 +31,11 @@ class IngestResult:
 
 
 class SpanSink(Protocol):
+    def admit(self) -> None:
+        """Raise Throttled if no request can be taken now. The receivers ask before decoding a
+        request, so that under overload a refusal costs no decoding; ``ingest`` asks again."""
+        ...
+
     async def ingest(self, request: ReceivedRequest, receiver: str) -> IngestResult:
         """Take every span of the request, or raise Throttled before taking any."""
         ...
