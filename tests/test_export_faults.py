@@ -670,6 +670,40 @@ async def test_a_damaged_batch_is_reported_and_not_sent_and_the_rest_is_after_a_
         await backend.stop()
 
 
+async def test_a_journaled_request_this_version_cannot_read_is_reported_and_dropped_not_a_failed_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bytes read back intact from the journal that are no request (written by another version):
+    the processor starts, reports them once and drops them, and takes requests as before."""
+    backend = FakeBackend()
+    endpoint = await backend.start()
+    processor = Processor(config(tmp_path, endpoint))
+    await processor.start()
+    try:
+        assert processor.exporter is not None
+        await processor.exporter.journal(b"\xff\xff\xff not a request")
+    finally:
+        await processor.stop(grace=0.2)
+    try:
+        for start in range(2):
+            processor = Processor(config(tmp_path, endpoint, assembly={"idle_timeout": 0.1, "tick": 0.05}))
+            await processor.start()
+            try:
+                assert processor.metrics_port
+                request = trace_request()
+                await processor.ingest(ReceivedRequest.of(request), "grpc")
+                await wait_until(lambda: set(span_ids(request)) <= set(backend.accepted), 10, "the new trace sent")  # noqa: B023
+                text = await metrics_text(processor.metrics_port)
+                # Reported on the first start only: it was dropped then.
+                assert metric(text, "plumb_storage_errors_total", operation="journal_read") == (1 - start)
+            finally:
+                await processor.stop(grace=1)
+    finally:
+        await backend.stop()
+    unreadable = [r.getMessage() for r in caplog.records if "UNREADABLE JOURNAL" in r.getMessage()]
+    assert len(unreadable) == 1 and "not an ExportTraceServiceRequest" in unreadable[0], unreadable
+
+
 # ---- at-least-once: a slow backend, SIGKILL with sends in flight ---------------------------------
 
 

@@ -26,6 +26,7 @@ from typing import Any, cast
 
 import grpc
 from aiohttp import web
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_plumb import tls
@@ -857,7 +858,17 @@ class Processor:
         assert self.exporter is not None
         entries = await self.exporter.journaled()
         for journal_id, body, done in entries:
-            await self._take(ReceivedRequest.parse(body), "journal", journal_id, done)
+            try:
+                request = ReceivedRequest.parse(body)
+            except (DecodeError, RecursionError, MemoryError, ValueError) as exc:
+                # Read back intact but not a request this version reads: reported and dropped
+                # like a damaged body, not a failed start on every restart.
+                self.metrics.storage_errors.labels("journal_read").inc()
+                log.error("UNREADABLE JOURNAL %d (not an ExportTraceServiceRequest: %s) is dropped; "
+                          "its spans cannot be replayed", journal_id, exc)  # fmt: skip
+                await self._release([journal_id])
+                continue
+            await self._take(request, "journal", journal_id, done)
         if entries:
             log.info("replayed %d journaled requests from a previous run", len(entries))
 
