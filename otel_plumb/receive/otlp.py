@@ -174,7 +174,7 @@ class ReceivedRequest:
     __slots__ = ("_message", "_raw", "_spans")
 
     def __init__(
-        self, message: ExportTraceServiceRequest | None, raw: bytes | None, spans: RequestSpans | None = None
+        self, message: ExportTraceServiceRequest | None, raw: bytes | None, spans: RequestSpans | None
     ) -> None:
         self._message, self._raw, self._spans = message, raw, spans
 
@@ -184,12 +184,12 @@ class ReceivedRequest:
         spans = _native_spans(raw)
         if spans is not None:
             return cls(None, raw, spans)
-        return cls(ExportTraceServiceRequest.FromString(raw), raw)
+        return cls(ExportTraceServiceRequest.FromString(raw), raw, None)
 
     @classmethod
-    def of(cls, message: ExportTraceServiceRequest, raw: bytes | None = None) -> ReceivedRequest:
-        """A request parsed elsewhere (OTLP/JSON, tests); ``raw``: its bytes, if it came as protobuf."""
-        return cls(message, raw)
+    def of(cls, message: ExportTraceServiceRequest) -> ReceivedRequest:
+        """A request parsed elsewhere (OTLP/JSON, tests)."""
+        return cls(message, None, None)
 
     @property
     def message(self) -> ExportTraceServiceRequest:
@@ -208,10 +208,10 @@ class ReceivedRequest:
 
     @property
     def spans(self) -> RequestSpans:
-        """Each span's record, with its bytes and origin (see ``decode_spans``)."""
+        """Each span's record, with its bytes and origin (see ``decode_spans``); from the parsed
+        message when the compiled decoder did not read the request."""
         if self._spans is None:
-            spans = None if self._raw is None else _native_spans(self._raw)
-            self._spans = spans if spans is not None else request_spans(self.message)
+            self._spans = request_spans(self.message)
         return self._spans
 
     @property
