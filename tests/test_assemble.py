@@ -67,7 +67,10 @@ def test_idle_timeout_after_root_and_late_spans():
     assert asm2.due(1.2) == []
     done = asm2.due(1.6)
     assert len(done) == 1 and done[0].complete and len(done[0].spans) == 2
-    assert asm2.add(ns("c", "a", 2), None, now=2.0)[0] is AddOutcome.LATE
+    assert asm2.add(ns("c", "a", 2), None, now=2.0, fingerprint=5)[0] is AddOutcome.LATE
+    # Its resend is a duplicate (not forwarded a second time); another copy under its ids conflicts.
+    assert asm2.add(ns("c", "a", 2), None, now=2.1, fingerprint=5)[0] is AddOutcome.DUPLICATE
+    assert asm2.add(ns("c", "a", 2), None, now=2.1, fingerprint=6)[0] is AddOutcome.CONFLICTING_DUPLICATE
 
 
 def test_max_wait_cuts_short_as_incomplete_and_eviction_bounds_memory():

@@ -309,8 +309,8 @@ class Assembler:
         """Buffer one span. Returns what happened to it and any trace evicted to make room.
         ``fingerprint`` tells a resent copy of the span from another span with the same ids;
         ``size``: the bytes it holds (its payload and values), counted until its trace is let go.
-        A late span of a trace that has a tombstone is remembered by it (and its ids, so that a
-        resend of it is a duplicate)."""
+        A late span of a decided trace is remembered (its ids, so that a resend of it is a
+        duplicate; and by the trace's tombstone, if it has one)."""
         return self.add_seen(span, payload, now, self.seen(span.trace_id, span.span_id, fingerprint), fingerprint, size)
 
     def add_seen(
@@ -322,12 +322,14 @@ class Assembler:
         tid = span.trace_id
         if already is not None:
             if already is AddOutcome.LATE:
+                # Remembered, so that a resend of it is a duplicate, not forwarded again.
                 decided = self._decided[tid]
+                before = decided.weight
+                decided.fingerprints[span.span_id] = fingerprint
                 if decided.tombstone is not None:
-                    before = decided.weight
-                    decided.fingerprints[span.span_id] = fingerprint
                     decided.tombstone.keep(span)
-                    self._decided_spans += decided.weight - before
+                self._decided_spans += decided.weight - before
+                self._forget_decided(now)
             return already, []
         evicted: list[Finished] = []
         buf = self._traces.get(tid)
