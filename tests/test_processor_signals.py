@@ -10,14 +10,17 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import grpc
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 from test_live_backpressure import trace_request
 from test_live_support import (
     agent_provider,
     attribute,
+    config,
     free_port,
     metric,
     run_agent,
@@ -31,6 +34,8 @@ from test_live_support import (
 from otel_plumb.demo.agent import INVOICES
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.demo.run import policy_path
+from otel_plumb.processor import Processor
+from otel_plumb.receive.otlp import ReceivedRequest
 
 
 def _config(tmp_path: Path, idle_timeout: str, max_wait: str = "5m") -> Path:
@@ -188,3 +193,40 @@ async def test_a_second_processor_on_the_same_port_or_state_dir_refuses_to_start
         assert await _stop(proc, signal.SIGTERM) == 0, "".join(log)
     finally:
         proc.kill()
+
+
+async def test_stop_while_the_tick_hands_on_decisions_still_exports_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopping while the tick is queueing decided trajectories for export lets it finish:
+    their spans reach the backend at shutdown, not at the next start."""
+    backend = OtlpBackend()
+    await backend.start(0)
+    processor = Processor(config(tmp_path, backend.endpoint, assembly={"idle_timeout": 0.05, "tick": 0.02}))
+    await processor.start()
+    entered, go_on = asyncio.Event(), asyncio.Event()
+    submit = processor._submit
+
+    async def slow_submit(*args: Any, **kwargs: Any) -> None:
+        entered.set()
+        await go_on.wait()
+        await submit(*args, **kwargs)
+
+    monkeypatch.setattr(processor, "_submit", slow_submit)
+    request = ExportTraceServiceRequest()
+    spans = request.resource_spans.add().scope_spans.add().spans
+    root = spans.add(trace_id=b"T" * 16, span_id=b"R" * 8, name="GET /", start_time_unix_nano=1, end_time_unix_nano=9)
+    spans.add(trace_id=b"T" * 16, span_id=b"C" * 8, parent_span_id=root.span_id, name="SELECT", start_time_unix_nano=2)
+    try:
+        await processor.ingest(ReceivedRequest.of(request), "grpc")
+        async with asyncio.timeout(10):
+            await entered.wait()  # the tick decided the trace and is handing it on
+        stopping = asyncio.create_task(processor.stop(grace=10))
+        await wait_until(lambda: processor._stopping, 5, "stop under way")
+        go_on.set()
+        assert await stopping
+    finally:
+        go_on.set()
+        await processor.stop()
+        await backend.stop()
+    assert sorted(s.span_id for s in backend.spans()) == [b"C" * 8, b"R" * 8]

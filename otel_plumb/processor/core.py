@@ -183,6 +183,9 @@ class Processor:
         self._grpc: grpc.aio.Server | None = None
         self._runners: list[web.AppRunner] = []
         self._tick_task: asyncio.Task[None] | None = None
+        # Set by stop: the tick ends after what it is doing (cancelled, it would drop the
+        # decisions it was handing on).
+        self._tick_stop = asyncio.Event()
         self._tls_tasks: list[asyncio.Task[None]] = []
         self._decide_lock = asyncio.Lock()
         self._stopping = False
@@ -379,9 +382,9 @@ class Processor:
             await tls.stop_task(task)
         self._tls_tasks = []
         if self._tick_task is not None:
-            self._tick_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._tick_task
+            self._tick_stop.set()  # within the grace period; cancelled past it
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._tick_task, max(1.0, deadline - time.monotonic()))
         async with self._decide_lock:
             await self._decide(self.intake.drain(time.monotonic()))
         flushed = True
@@ -877,7 +880,10 @@ class Processor:
         held_retry = 0.0
         young_gc_at = time.monotonic() + GC_YOUNG_INTERVAL
         while True:
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._tick_stop.wait(), interval)
+            if self._tick_stop.is_set():
+                return
             if time.monotonic() >= young_gc_at:
                 gc.collect(0)
                 young_gc_at = time.monotonic() + GC_YOUNG_INTERVAL
