@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
-from test_live_support import config, metric, scrape, wait_until
+from test_live_support import config, metric, scrape, scrape_when_sent, wait_until
 
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.processor import Processor
@@ -106,7 +106,7 @@ async def test_overloaded_processor_throttles_and_clients_retry_without_loss(
             assert parsed == [body]
         total += 6 * 5 + 5
         await wait_until(lambda: backend.span_count >= total, 10, "the rest exported")
-        text = await asyncio.to_thread(scrape, processor.metrics_port or 0)
+        text = await scrape_when_sent(processor.metrics_port or 0, total)
     finally:
         await processor.stop()
         await backend.stop()

@@ -138,6 +138,17 @@ def metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
+async def scrape_when_sent(metrics_port: int, total: int, timeout: float = 15) -> str:
+    """/metrics once the exporter counts ``total`` spans sent (the backend may have them a
+    moment before the exporter has counted its acknowledgement)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = await asyncio.to_thread(scrape, metrics_port)
+        if metric(text, "plumb_export_spans_total", outcome="sent") >= total or time.monotonic() > deadline:
+            return text
+        await asyncio.sleep(0.05)
+
+
 async def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -32,7 +32,7 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 from test_live_backpressure import trace_request
-from test_live_support import config, metric, scrape, start_cli, wait_until
+from test_live_support import config, metric, scrape, scrape_when_sent, start_cli, wait_until
 
 from otel_plumb.demo.backend import OtlpBackend
 from otel_plumb.processor import Processor
@@ -207,17 +207,6 @@ def open_fds(pid: int) -> int:
 
 def tracebacks(lines: list[str]) -> int:
     return sum("Traceback" in line for line in lines)
-
-
-async def scrape_when_sent(metrics_port: int, total: int, timeout: float = 15) -> str:
-    """/metrics once the exporter counts ``total`` spans sent (the backend may have them a
-    moment before the exporter has counted its acknowledgement)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        text = await asyncio.to_thread(scrape, metrics_port)
-        if metric(text, "plumb_export_spans_total", outcome="sent") >= total or time.monotonic() > deadline:
-            return text
-        await asyncio.sleep(0.05)
 
 
 # ---- compressed bodies inflating past the limit --------------------------------------------------
