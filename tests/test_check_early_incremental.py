@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from otel_plumb.assemble import build_trajectory
 from otel_plumb.check import CompiledPolicy, load_policy
-from otel_plumb.check.early import EarlyWatch
+from otel_plumb.check.early import EarlyWatch, in_flight, new_early_failures
 from otel_plumb.model import NormalisedSpan, RequestedCall, Verdict
 
 POLICY_TEXT = """
@@ -95,33 +95,24 @@ def traces(draw: Any) -> list[NormalisedSpan]:
 
 
 def _new_failures(
-    policies: list[CompiledPolicy], spans: list[NormalisedSpan], reported: set[tuple[str, str]],
+    which: int, spans: list[NormalisedSpan], reported: set[tuple[str, str]],
     only: frozenset[tuple[str, str]] | None = None,
 ) -> list[Verdict]:
     """What the processor reports after a request: unreported early failures (of the invariants
-    in ``only``), none resting on a model's request alone."""
-    partial = build_trajectory("t", spans, complete=False, incomplete_reason="in_flight")
-    requested_only = {s.span_id for s in partial.steps if s.source == "llm_output"}
-    out = []
-    for policy in policies:
-        if not policy.applies_to(partial):
-            continue
-        for v in policy.early_failures(partial, only):
-            if v.span_id not in requested_only and (v.policy, v.invariant) not in reported:
-                reported.add((v.policy, v.invariant))
-                out.append(v)
-    return out
+    in ``only``) that stand."""
+    partial = in_flight(build_trajectory("t", spans, complete=False, incomplete_reason="in_flight"))
+    return new_early_failures(POLICY_SETS[which], partial, reported, only, WATCHES[which])
 
 
 @pytest.mark.parametrize("which", range(len(POLICY_SETS) - 1))
 @settings(max_examples=150, deadline=None)
 @given(traces())
 def test_no_invariant_fails_where_its_counters_say_it_cannot(which: int, spans: list[NormalisedSpan]) -> None:
-    policies, watch = POLICY_SETS[which], WATCHES[which]
+    watch = WATCHES[which]
     state = watch.state()
     for span in spans:
         state.add(span)
-    if _new_failures(policies, spans, set()):
+    if _new_failures(which, spans, set()):
         assert watch.may_fail(state, set())
 
 
@@ -131,7 +122,7 @@ def test_no_invariant_fails_where_its_counters_say_it_cannot(which: int, spans: 
 def test_counters_report_what_checking_after_every_request_reports(
     which: int, spans: list[NormalisedSpan], data: Any
 ) -> None:
-    policies, watch = POLICY_SETS[which], WATCHES[which]
+    watch = WATCHES[which]
     order = data.draw(st.permutations(range(len(spans))))
     cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(spans) - 1)), max_size=len(spans))))
     requests = [[spans[i] for i in order[a:b]] for a, b in zip([0, *cuts], [*cuts, len(spans)], strict=False) if a < b]
@@ -143,10 +134,10 @@ def test_counters_report_what_checking_after_every_request_reports(
         buffered += request
         for span in request:
             state.add(span)
-        expected = _new_failures(policies, buffered, every)
+        expected = _new_failures(which, buffered, every)
         # Only the invariants the counters name are checked, as the processor does.
         may_fail = watch.may_fail(state, gated)
-        got = _new_failures(policies, buffered, gated, frozenset(may_fail)) if may_fail else []
+        got = _new_failures(which, buffered, gated, frozenset(may_fail)) if may_fail else []
         assert got == expected
 
 
@@ -157,7 +148,7 @@ def test_in_end_order_any_split_reports_the_failures_of_one_delivery(
 ) -> None:
     """As SDK exporters send spans (when they end): however the requests are cut, the early
     failures in the end are those found on the whole trace in flight, as the counters gate them."""
-    policies, watch = POLICY_SETS[which], WATCHES[which]
+    watch = WATCHES[which]
     ordered = sorted(spans, key=lambda s: (s.end_ns, s.span_id))
     cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(spans) - 1)), max_size=len(spans))))
     state = watch.state()
@@ -168,13 +159,13 @@ def test_in_end_order_any_split_reports_the_failures_of_one_delivery(
         for span in ordered[a:b]:
             state.add(span)
         if watch.may_fail(state, reported):
-            _new_failures(policies, buffered, reported)
+            _new_failures(which, buffered, reported)
     whole = watch.state()
     for span in ordered:
         whole.add(span)
     once: set[tuple[str, str]] = set()
     if watch.may_fail(whole, once):
-        _new_failures(policies, ordered, once)
+        _new_failures(which, ordered, once)
     # each split reports at least what one delivery does (a failure seen on part of a trace in
     # flight stands), and counting the same spans in any split gives the same counters
     assert once <= reported
@@ -184,14 +175,15 @@ def test_in_end_order_any_split_reports_the_failures_of_one_delivery(
 def test_a_requested_call_and_its_tool_span_count_once():
     """A model asking for ``pay`` and the tool span that ran it are one call: with content
     capture on every call arrives twice, and counting both would build the partial trajectory
-    again on every request of a trace that calls ``pay`` once (call_count max 1)."""
+    again on every request of a trace that calls ``pay`` once (call_count max 1). A call only
+    requested counts for nothing in flight (a tool span may still show it failed)."""
     pay_once = next(p for p in POLICY_SETS if [i.id for i in p[0].invariants] == ["pay-once"])
     watch = EarlyWatch(pay_once)
     state = watch.state()
     common = {"trace_id": "t", "convention": "test", "parent_span_id": "root"}
     state.add(NormalisedSpan(span_id="m1", span_name="chat", start_ns=0, end_ns=10, kind="llm", name="chat",
                              requested_calls=[RequestedCall("pay", {}, "captured", "c1")], **common))  # fmt: skip
-    assert not watch.may_fail(state, set())  # one requested call: at most one step
+    assert not watch.may_fail(state, set())  # a requested call: no step while in flight
     state.add(NormalisedSpan(span_id="p1", span_name="pay", start_ns=20, end_ns=30, kind="tool", name="pay",
                              tool_call_id="c1", **common))  # fmt: skip
     assert not watch.may_fail(state, set())  # the same call: the request is no step of its own now

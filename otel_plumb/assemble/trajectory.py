@@ -6,8 +6,10 @@ from collections.abc import Iterable
 from operator import attrgetter
 
 from otel_plumb.model.trajectory import (
+    HANDOFF_TOOLS,
     MISSING_PARENT,
     TOOL_CALLS_NOT_CAPTURED,
+    TRANSFER_PREFIX,
     UNRECOGNISED_SPANS,
     NormalisedSpan,
     RequestedCall,
@@ -405,14 +407,6 @@ def _order_parallel_calls(steps: list[Step], asking: list[NormalisedSpan]) -> No
                 steps[place] = step
 
 
-# Tools that hand control to another agent, and the argument naming it (Google ADK's
-# transfer_to_agent, Strands' handoff_to_agent swarm tool, LlamaIndex AgentWorkflow's handoff).
-_HANDOFF_TOOLS = {"transfer_to_agent": "agent_name", "handoff_to_agent": "agent_name", "handoff": "to_agent"}
-# transfer_to_<agent> (LangGraph supervisors, OpenAI Agents' requested handoffs) when <agent> is
-# an agent of the trajectory; a tool such as transfer_to_savings stays a tool.
-_TRANSFER_PREFIX = "transfer_to_"
-
-
 def _delegations_and_handoffs(steps: list[Step], by_id: dict[str, NormalisedSpan]) -> None:
     """A tool whose run is another agent's run (an agent used as a tool) is not a tool the agent
     ran: it becomes an ``other`` step, and the sub-agent's own agent step and tool steps tell
@@ -438,11 +432,11 @@ def _delegations_and_handoffs(steps: list[Step], by_id: dict[str, NormalisedSpan
         if st.kind != "tool":
             continue
         target: str | None = None
-        if st.name in _HANDOFF_TOOLS and st.args_status == "captured" and isinstance(st.args, dict):
-            value = st.args.get(_HANDOFF_TOOLS[st.name])
+        if st.name in HANDOFF_TOOLS and st.args_status == "captured" and isinstance(st.args, dict):
+            value = st.args.get(HANDOFF_TOOLS[st.name])
             target = value if isinstance(value, str) and value else None
-        elif st.name.startswith(_TRANSFER_PREFIX) and st.name[len(_TRANSFER_PREFIX) :] in names:
-            target = st.name[len(_TRANSFER_PREFIX) :]
+        elif st.name.startswith(TRANSFER_PREFIX) and st.name[len(TRANSFER_PREFIX) :] in names:
+            target = st.name[len(TRANSFER_PREFIX) :]
         if target is not None:
             st.kind, st.name = "agent", target
 

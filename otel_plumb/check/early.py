@@ -1,25 +1,35 @@
-"""Early checks on traces in flight, kept incremental: per trace, counters updated as its spans
-arrive tell when a failure of an early invariant has become possible, and only then is the
-partial trajectory built and checked (``CompiledPolicy.early_failures``), so the verdicts are
-those of that evaluation, message for message.
+"""Early checks on traces in flight, kept incremental and sound.
 
-Cost: ``EarlyState.add`` is O(1) per span (O(requested calls) for a model call naming tools);
-``EarlyWatch.may_fail`` is O(early invariants x tools they name) per request touching the
-trace, whatever the trace's size. The partial trajectory (O(spans)) is built only on a
-request after which some early invariant not yet reported may fail, which for an invariant
-that does fail is once per trace; that keeps a trace of N spans in requests of k at O(N), not
-O(N^2 / k). Only the invariants that may fail are checked on it.
+Sound: a failure reported early is one the final verdict will have. The partial trajectory it
+is found on is what the spans so far say, less what spans still to come may change
+(``in_flight``): a tool call the model requested that a tool span may still show failed, a
+``transfer_to_<agent>`` call the agent it hands to may still turn into a handoff, tokens of a
+model call a framework's span around it (arriving later) may take over. A ``precedes`` failure
+stands once the ``then`` call's turn is over (``EarlyWatch.stands``), since a ``first`` call
+running beside it may have started earlier and end later. Policies and invariants with
+``applies_to`` have no early checks: which agent and service a trajectory is, is its root's
+(which arrives last). This holds when a process's spans arrive in the order they end, as the
+OpenTelemetry SDK exports them, and children end before their parents.
+
+Incremental: per trace, counters updated as its spans arrive tell when a failure of an early
+invariant has become possible, and only then is the partial trajectory built and checked, so
+the verdicts are those of that evaluation, message for message.
+
+Cost: ``EarlyState.add`` is O(1) per span; ``EarlyWatch.may_fail`` is O(early invariants x
+tools they name) per request touching the trace, whatever the trace's size. The partial
+trajectory (O(spans)) is built only on a request after which some early invariant not yet
+reported may fail, which for an invariant that does fail is once per trace (for ``precedes``,
+once per request until the turn is over); that keeps a trace of N spans in requests of k at
+O(N), not O(N^2 / k). Only the invariants that may fail are checked on it.
 
 What ``may_fail`` says is a necessary condition of a fail, from what building a trajectory
-can do to the steps: it only ever removes tool calls (a tool that ran another agent becomes an
-``other`` step, a handoff an ``agent`` step, and calls a model requested are steps of their own
-only in a trace with no tool span, so they are counted only while it has none) and
-model calls (one recorded twice counts once), and takes tokens away, so counts and totals over
-the spans bound those over the steps. Order is by start time, so for ``precedes`` a first
-successful ``then`` that starts no later than every successful ``first`` is necessary, unless
-the order or the kinds may be rearranged (a turn of parallel calls put in request order, an
-agent span under another span, a ``first`` tool named like a handoff): then any successful
-``then`` call is.
+and ``in_flight`` can do to the steps: they only ever remove tool calls (a tool that ran
+another agent becomes an ``other`` step, a handoff an ``agent`` step) and model calls (one
+recorded twice counts once), and take tokens away, so counts and totals over the spans bound
+those over the steps. Order is by start time, so for ``precedes`` a first successful ``then``
+that starts no later than every successful ``first`` is necessary, unless the order or the
+kinds may be rearranged (a turn of parallel calls put in request order, an agent span under
+another span): then any successful ``then`` call is.
 """
 
 from __future__ import annotations
@@ -29,42 +39,35 @@ from dataclasses import dataclass
 
 from otel_plumb.check import checks as ck
 from otel_plumb.check.policy import CompiledPolicy
-from otel_plumb.model.trajectory import NormalisedSpan
+from otel_plumb.model.trajectory import HANDOFF_TOOLS, TRANSFER_PREFIX, NormalisedSpan, Step, Trajectory
+from otel_plumb.model.verdict import Verdict
 
 _NEVER = 1 << 62  # no such call yet: later than any start time
 
 
 @dataclass(slots=True)
 class _Tool:
-    """One watched tool name in one trace: successful calls, attempts, calls only requested by a
-    model, and the earliest start of a successful (or requested) call."""
+    """One watched tool name in one trace: successful calls, attempts, and the earliest start of
+    a successful call."""
 
     ok: int = 0
     tried: int = 0
-    asked: int = 0
     first_ok: int = _NEVER
-    first_asked: int = _NEVER
 
 
 class EarlyState:
     """What the early invariants need to know of one trace in flight, updated span by span."""
 
-    __slots__ = ("end", "llm_spans", "reordered", "requested", "spans", "start", "tokens", "tool_errors",
-                 "tool_spans", "tools", "watched")  # fmt: skip
+    __slots__ = ("end", "llm_spans", "reordered", "spans", "start", "tokens", "tool_errors", "tool_spans", "tools",
+                 "watched")  # fmt: skip
 
     def __init__(self, watched: frozenset[str]) -> None:
         self.watched = watched
-        self.spans = self.requested = self.tool_spans = self.llm_spans = self.tool_errors = self.tokens = 0
+        self.spans = self.tool_spans = self.llm_spans = self.tool_errors = self.tokens = 0
         self.start, self.end = _NEVER, -_NEVER
         # The step order may differ from start order, or a tool call may become another kind.
         self.reordered = False
         self.tools: dict[str, _Tool] = {}
-
-    def _tool(self, name: str) -> _Tool:
-        tool = self.tools.get(name)
-        if tool is None:
-            tool = self.tools[name] = _Tool()
-        return tool
 
     def add(self, span: NormalisedSpan) -> None:
         """Count one span taken into the trace's buffer (each span once: duplicates are not)."""
@@ -81,7 +84,9 @@ class EarlyState:
             if span.error is not None:
                 self.tool_errors += 1
             if span.name in self.watched:
-                tool = self._tool(span.name)
+                tool = self.tools.get(span.name)
+                if tool is None:
+                    tool = self.tools[span.name] = _Tool()
                 tool.tried += 1
                 if span.error is None:
                     tool.ok += 1
@@ -90,51 +95,34 @@ class EarlyState:
             self.llm_spans += 1
         elif kind == "agent" and span.parent_span_id is not None:
             self.reordered = True  # it may be a tool's run: that tool call becomes another kind
-        calls = span.requested_calls
-        if calls:
-            self.requested += len(calls)
-            if len(calls) > 1:
-                self.reordered = True  # a turn of parallel calls runs in request order
-            for call in calls:
-                if call.name in self.watched:
-                    tool = self._tool(call.name)
-                    tool.asked += 1
-                    tool.first_asked = min(tool.first_asked, span.end_ns)  # where a requested step sits
-
-    @property
-    def asked_are_steps(self) -> bool:
-        """Requested calls become steps only in a trace without tool spans (else they are
-        matched to those spans, or dropped as a problem): see ``build_trajectory``."""
-        return self.tool_spans == 0
-
-    def ok(self, tools: ck.Tools) -> int:
-        """Successful and requested calls of ``tools``: at least the successful calls among the steps."""
-        return self._calls(tools, attempts=False)
-
-    def tried(self, tools: ck.Tools) -> int:
-        return self._calls(tools, attempts=True)
+        if len(span.requested_calls) > 1:
+            self.reordered = True  # a turn of parallel calls runs in request order
 
     # Over the names a check watches (one or two), not the trace's tools.
-    def _calls(self, tools: ck.Tools, *, attempts: bool) -> int:
-        asked = self.asked_are_steps
+    def ok(self, tools: ck.Tools) -> int:
+        """Successful calls of ``tools``: at least those among the steps."""
         n = 0
         for name in tools:
             t = self.tools.get(name)
             if t is not None:
-                n += (t.tried if attempts else t.ok) + (t.asked if asked else 0)
+                n += t.ok
         return n
 
-    def first_ok(self, tools: ck.Tools, *, requested: bool) -> int:
-        asked = requested and self.asked_are_steps
-        first = _NEVER
+    def tried(self, tools: ck.Tools) -> int:
+        n = 0
         for name in tools:
             t = self.tools.get(name)
             if t is not None:
-                # Comparisons, not min(): this runs for every precedes invariant on every request.
-                if t.first_ok < first:
-                    first = t.first_ok
-                if asked and t.first_asked < first:
-                    first = t.first_asked
+                n += t.tried
+        return n
+
+    def first_ok(self, tools: ck.Tools) -> int:
+        first = _NEVER
+        for name in tools:
+            t = self.tools.get(name)
+            # Comparisons, not min(): this runs for every precedes invariant on every request.
+            if t is not None and t.first_ok < first:
+                first = t.first_ok
         return first
 
 
@@ -148,15 +136,16 @@ class _Rule:
 class EarlyWatch:
     """The early invariants of a set of policies, and when each may fail on a trace in flight."""
 
-    __slots__ = ("rules", "watched")
+    __slots__ = ("_turn_rules", "rules", "watched")
 
     def __init__(self, policies: Sequence[CompiledPolicy]) -> None:
         self.rules = [
             _Rule((p.name, inv.id), inv.check, _may_fail(inv.check, scoped=inv.scope is not None))
             for p in policies
-            for inv in p.invariants
-            if inv.early
+            for inv in p.early_invariants
         ]
+        # Invariants whose failure stands only once the failing call's turn is over.
+        self._turn_rules = frozenset(rule.key for rule in self.rules if isinstance(rule.check, ck.Precedes))
         self.watched = frozenset(
             name
             for rule in self.rules
@@ -175,10 +164,67 @@ class EarlyWatch:
         rules = [rule for rule in self.rules if rule.key not in reported] if reported else self.rules
         return [rule.key for rule in rules if rule.may_fail(state)]
 
+    def stands(self, verdict: Verdict, partial: Trajectory) -> bool:
+        """Whether an early failure found on ``partial`` is certain now. For ``precedes``, a
+        ``first`` call started before the failing ``then`` call but running beside it (a turn of
+        parallel calls) ends later, so it arrives later: the failure stands once the ``then``
+        call's turn is over, that is once its parent span has arrived (the parent ends after all
+        its children) or a model call under the same parent started after it ended (an agent
+        asks the model again once its calls have returned). O(steps), for a failure found."""
+        if (verdict.policy, verdict.invariant) not in self._turn_rules:
+            return True
+        call = next((st for st in partial.steps if st.span_id == verdict.span_id and st.source == "span"), None)
+        if call is None:
+            return False
+        parent = call.parent_span_id
+        for st in partial.steps:
+            if st.span_id == parent or (
+                st.kind == "llm" and st.parent_span_id == parent and st.start_ns >= call.end_ns
+            ):
+                return True
+        return False
+
+
+def in_flight(partial: Trajectory) -> Trajectory:
+    """``partial`` (a trajectory built from the spans of a trace in flight) less the steps and
+    counts that spans still to come may change, so that its failures are the final verdict's:
+    tool calls only a model's output shows (a tool span may still show one failed, or that the
+    trace records its tool calls as spans: then requests are no steps), ``transfer_to_<agent>``
+    calls not yet turned into handoffs (the agent may still arrive), and the tokens of a model
+    call whose parent span has not arrived (a framework's span around it takes over its count).
+    Changes ``partial`` in place and returns it."""
+    arrived = {st.span_id for st in partial.steps}
+    kept: list[Step] = []
+    for st in partial.steps:
+        if st.source != "span" or (st.kind == "tool" and st.name.startswith(TRANSFER_PREFIX)):
+            continue
+        if st.kind == "llm" and st.parent_span_id is not None and st.parent_span_id not in arrived:
+            st.tokens = None
+        st.index = len(kept)
+        kept.append(st)
+    partial.steps = kept
+    return partial
+
+
+def new_early_failures(
+    policies: Sequence[CompiledPolicy], partial: Trajectory, reported: set[tuple[str, str]],
+    only: frozenset[tuple[str, str]] | None, watch: EarlyWatch,
+) -> list[Verdict]:
+    """The early failures on ``partial`` (of the invariants in ``only``) that stand and are
+    not yet in ``reported``, added to it: each invariant is reported once per trace."""
+    new: list[Verdict] = []
+    for policy in policies:
+        for v in policy.early_failures(partial, only):
+            key = (v.policy, v.invariant)
+            if key not in reported and watch.stands(v, partial):
+                reported.add(key)
+                new.append(v)
+    return new
+
 
 def _handoff_named(tools: frozenset[str] | tuple[()]) -> bool:
     # The names build_trajectory may turn into agent steps (handoff tools, transfer_to_<agent>).
-    return any(t in ("transfer_to_agent", "handoff_to_agent", "handoff") or t.startswith("transfer_to_") for t in tools)
+    return any(t in HANDOFF_TOOLS or t.startswith(TRANSFER_PREFIX) for t in tools)
 
 
 def _may_fail(check: ck.Check, *, scoped: bool) -> Callable[[EarlyState], bool]:
@@ -199,10 +245,10 @@ def _may_fail(check: ck.Check, *, scoped: bool) -> Callable[[EarlyState], bool]:
         anywhere = scoped or _handoff_named(first)
 
         def precedes(s: EarlyState) -> bool:
-            at = s.first_ok(then, requested=True)
+            at = s.first_ok(then)
             if at == _NEVER:
                 return False
-            return anywhere or s.reordered or at <= s.first_ok(first, requested=False)
+            return anywhere or s.reordered or at <= s.first_ok(first)
 
         return precedes
     if isinstance(check, ck.Budget):
@@ -220,9 +266,9 @@ def _may_fail(check: ck.Check, *, scoped: bool) -> Callable[[EarlyState], bool]:
 
 def _over(name: str, limit: float) -> Callable[[EarlyState], bool]:
     if name == "max_steps":
-        return lambda s: s.spans + (s.requested if s.asked_are_steps else 0) > limit
+        return lambda s: s.spans > limit
     if name == "max_tool_calls":
-        return lambda s: s.tool_spans + (s.requested if s.asked_are_steps else 0) > limit
+        return lambda s: s.tool_spans > limit
     if name == "max_llm_calls":
         return lambda s: s.llm_spans > limit
     if name == "max_tool_errors":

@@ -18,7 +18,7 @@ from otel_plumb.check.reference import MatchesReference, context_reference, file
 from otel_plumb.check.source import LocatedYaml, read_located
 from otel_plumb.check.values import MISSING, lookup, parse_path
 from otel_plumb.model import Severity, Step, Trajectory, Verdict
-from otel_plumb.model.trajectory import DATA_LOST, UNRECOGNISED_SPANS
+from otel_plumb.model.trajectory import DATA_LOST, TRANSFER_PREFIX, UNRECOGNISED_SPANS
 from otel_plumb.redact.config import RedactionRules
 
 GUARD_VARIABLES = ("ctx", "steps", "trajectory")
@@ -171,11 +171,17 @@ class CompiledInvariant:
     @property
     def early(self) -> bool:
         """Can a fail on a partial trajectory be reported now? Only for kinds whose fails more
-        spans cannot undo, without a ``when`` guard (the span carrying the ground truth it reads,
-        often the root, tends to arrive last) and with no scope or one that more spans can only
-        widen."""
+        spans cannot undo, without a ``when`` guard or an ``applies_to`` (the span carrying the
+        ground truth a guard reads, or the agent and service a trajectory is, is often the
+        root, which arrives last), with no scope or one that more spans can only widen, and for
+        ``precedes`` when no call it needs before the ``then`` call may still turn into a
+        handoff (a ``transfer_to_<agent>`` call, once that agent's span arrives)."""
         scope_ok = self.scope is None or self.scope.kind == "after"
-        return self.check.early and self.guard is None and scope_ok
+        if isinstance(self.check, ck.Precedes):
+            needed = self.check.first | (self.scope.start if self.scope is not None else frozenset())
+            if any(t.startswith(TRANSFER_PREFIX) for t in needed):
+                return False
+        return self.check.early and self.guard is None and self.applies is None and scope_ok
 
     def verdict(self, outcome: ck.Outcome, run: ck.Run) -> Verdict:
         """The verdict of ``outcome``; on a provisional run it names the step by span only."""
@@ -263,7 +269,8 @@ class CompiledPolicy:
         self._prefix = context_prefix
         self._task_attribute = task_attribute
         self._context_file = context_file
-        self._early = [inv for inv in invariants if inv.early]
+        # Which agent and service a trajectory is comes from its root, which arrives last.
+        self._early = [] if applies is not None else [inv for inv in invariants if inv.early]
         self._tools = tuple(sorted(self.tool_names))  # in name order: the one a problem line names is stable
         self._tools_by_span_name: dict[str, tuple[str, ...]] = {}
 
@@ -303,6 +310,11 @@ class CompiledPolicy:
                 self._tools_by_span_name.clear()
             named = self._tools_by_span_name[span_name] = tuple(t for t in self._tools if t in span_name)
         return named
+
+    @property
+    def early_invariants(self) -> list[CompiledInvariant]:
+        """The invariants checked on trajectories in flight (see ``CompiledInvariant.early``)."""
+        return self._early
 
     @property
     def tool_names(self) -> frozenset[str]:
@@ -361,7 +373,7 @@ class CompiledPolicy:
         Its step indices are not final (spans that start earlier, the root first, arrive later),
         so these verdicts have no ``step_index``: they name the offending step by ``span_id``, and
         their messages by span and call ordinal."""
-        if not self._early or not self.applies_to(trajectory):
+        if not self._early:
             return []
         run = ck.Run(trajectory, self.context(trajectory), complete=False, provisional=True)
         out = []

@@ -39,6 +39,13 @@ NO_TOOL_RESULTS: Mapping[str, Any] = MappingProxyType({})
 
 DATA_LOST = frozenset({UNREADABLE_SPAN, UNREADABLE_INPUT, MISSING_PARENT, TOOL_CALLS_NOT_CAPTURED, UNRECOGNISED_SPANS})
 
+# Tools that hand control to another agent, and the argument naming it (Google ADK's
+# transfer_to_agent, Strands' handoff_to_agent swarm tool, LlamaIndex AgentWorkflow's handoff).
+HANDOFF_TOOLS = {"transfer_to_agent": "agent_name", "handoff_to_agent": "agent_name", "handoff": "to_agent"}
+# transfer_to_<agent> (LangGraph supervisors, OpenAI Agents' requested handoffs) is a handoff
+# when <agent> is an agent of the trajectory; a tool such as transfer_to_savings stays a tool.
+TRANSFER_PREFIX = "transfer_to_"
+
 
 @dataclass(slots=True)
 class RequestedCall:

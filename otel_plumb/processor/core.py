@@ -32,7 +32,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from otel_plumb import tls
 from otel_plumb.assemble import AddOutcome, AssemblyLimits, Finished, build_trajectory
 from otel_plumb.check import CompiledPolicy, decide, load_policies, redaction_for
-from otel_plumb.check.early import EarlyState, EarlyWatch
+from otel_plumb.check.early import EarlyState, EarlyWatch, in_flight, new_early_failures
 from otel_plumb.configtypes import parse_hostport
 from otel_plumb.consistency import PathAgreement
 from otel_plumb.console import console_app
@@ -49,7 +49,7 @@ from otel_plumb.export.metrics import Metrics, metrics_app
 from otel_plumb.export.otlp import OtlpExporter, StorageError
 from otel_plumb.export.verdict_log import VerdictLog
 from otel_plumb.intake import Intake, Source
-from otel_plumb.model import Decided, SpanRecord, Trajectory, Verdict
+from otel_plumb.model import Decided, SpanRecord, Trajectory
 from otel_plumb.processor.config import ConfigError, ProcessorConfig, exposure_errors
 from otel_plumb.processor.consumers import (
     CallbackConsumer,
@@ -106,7 +106,7 @@ class Processor:
         self.policies = list(policies) if policies is not None else load_policy_files(config.policies)
         # Early checks keep counters per trace in flight (check.early): only worth it when some
         # invariant can fail early.
-        self._early_checks = any(inv.early for p in self.policies for inv in p.invariants)
+        self._early_checks = any(p.early_invariants for p in self.policies)
         self._early_watch = EarlyWatch(self.policies)
         self._early_state: dict[str, EarlyState] = {}
         a = config.assembly
@@ -661,27 +661,14 @@ class Processor:
         only: frozenset[tuple[str, str]] | None = None,
     ) -> Decision | None:
         """Early failures on ``partial`` not yet in ``reported`` (of the invariants in ``only``)."""
-        new: list[Verdict] = []
-        applied: list[str] = []
-        # A tool call the model asked for may still arrive as a tool span (which may say it
-        # failed, and a failed call did not happen): no early verdict rests on a request alone.
-        requested_only = {s.span_id for s in partial.steps if s.source == "llm_output"}
+        new = new_early_failures(self.policies, in_flight(partial), reported, only, self._early_watch)
+        if not new:
+            return None
+        applied = list(dict.fromkeys(v.policy for v in new))
         for policy in self.policies:
-            if not policy.applies_to(partial):
-                continue
-            for v in policy.early_failures(partial, only):
-                if v.span_id in requested_only:
-                    continue
-                if (v.policy, v.invariant) not in reported:
-                    reported.add((v.policy, v.invariant))
-                    new.append(v)
-                    if policy.name not in applied:
-                        applied.append(policy.name)
             task = policy.task_id(partial)
             if task is not None and partial.key == trace_id:
                 partial.key = task
-        if not new:
-            return None
         return Decision(Decided(partial, new, applied, "violating", "early"))
 
     async def _decide(self, finished: Iterable[Finished]) -> None:
