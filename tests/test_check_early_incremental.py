@@ -101,7 +101,8 @@ def _new_failures(
     """What the processor reports after a request: unreported early failures (of the invariants
     in ``only``) that stand."""
     partial = in_flight(build_trajectory("t", spans, complete=False, incomplete_reason="in_flight"))
-    return new_early_failures(POLICY_SETS[which], partial, reported, only, WATCHES[which])
+    services = {str(s.attributes.get("service.name", "")) for s in spans}
+    return new_early_failures(POLICY_SETS[which], partial, reported, only, WATCHES[which], services)
 
 
 @pytest.mark.parametrize("which", range(len(POLICY_SETS) - 1))

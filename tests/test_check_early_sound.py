@@ -136,7 +136,7 @@ def _early_and_final(which: int, spans: list[NormalisedSpan], cuts: list[int]) -
         may_fail = watch.may_fail(state, reported)
         if may_fail:
             partial = build_trajectory("t", buffered, complete=False, incomplete_reason="in_flight")
-            new_early_failures(policies, in_flight(partial), reported, frozenset(may_fail), watch)
+            new_early_failures(policies, in_flight(partial), reported, frozenset(may_fail), watch, state.services)
     final = build_trajectory("t", ordered)
     fails = {(p.name, v.invariant) for p in policies for v in p.evaluate(final) if v.verdict == "fail"}
     return reported, fails

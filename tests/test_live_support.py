@@ -44,7 +44,7 @@ def config(tmp_path: Path, backend_endpoint: str | None = None, **sections: Any)
     data: dict[str, Any] = {
         "receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},
         "metrics": {"endpoint": "127.0.0.1:0"},
-        "assembly": {"idle_timeout": 0.3, "tick": 0.05},
+        "assembly": {"idle_timeout": 0.3, "confirm_wait": 0.3, "tick": 0.05},
         "verdict_log": {"path": str(tmp_path / "verdicts.jsonl")},
         "shutdown": {"grace_period": 5},
     }

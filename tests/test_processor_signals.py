@@ -172,7 +172,7 @@ async def test_sigkill_with_trajectories_in_flight_loses_nothing_acknowledged(tm
     counts = Counter(s.span_id for s in backend.spans())
     assert set(counts) == sent and set(counts.values()) == {1}, "every span exactly once"
     verdicts = [attribute(s, "plumb.verdict") for s in backend.spans() if attribute(s, "plumb.verdict")]
-    # The policy applies to agents "ap-*" only: these trajectories are unchecked, never "conformant".
+    # The policy applies to services "ap-*" only: these trajectories are unchecked, never "conformant".
     assert sorted(verdicts) == ["unchecked"] * 4
 
 

@@ -13,9 +13,11 @@ services: the trace let go is the oldest of the service holding the most traces,
 service's flood evicts its own traces, not another's.
 
 Cost: ``add`` is O(1) per span. The timers are queues already in deadline order (every trace
-has the same idle_timeout and max_wait, so activity order and first-seen order are deadline
-order), so ``due`` walks only the traces that are due: O(traces due + traces newly idle) per
-tick, never O(traces in flight). A trace idle without a root that is not one tree cannot
+has the same idle_timeout, max_wait and confirm wait, so activity order, first-seen order and
+the order traces were taken back in are deadline order; a trace taken back goes to the end of
+the first-seen order, its max_wait passing at most one confirm wait late), so ``due`` walks
+only the traces that are due: O(traces due + traces newly idle) per tick, never O(traces in
+flight). A trace idle without a root that is not one tree cannot
 become ready until a span of it arrives, so once looked at it is parked out of the activity
 queue (its max_wait still applies) and a span of it puts it back.
 """
@@ -45,6 +47,8 @@ class AssemblyLimits:
     decided_ttl_s: float = 300.0
     decided_max_traces: int = 100_000
     decided_max_spans: int = 1_000_000
+    # How long a trace taken back by ``wait_for_late_spans`` waits (see there).
+    confirm_wait_s: float = 0.0
 
 
 # Calls a tombstone keeps; past this it says so, and checks that need every earlier call (an
@@ -87,6 +91,8 @@ class Finished:
     trace_ids: list[str] = field(default_factory=list)
     # Bytes its payloads and spans hold (the sizes given to ``Assembler.add``).
     size: int = 0
+    # It was taken back once to wait for late spans (``Assembler.wait_for_late_spans``).
+    waited: bool = False
 
     def trajectory(self) -> Trajectory:
         return build_trajectory(
@@ -101,7 +107,7 @@ class Finished:
 class _TraceBuffer:
     __slots__ = (
         "fingerprints", "first_seen", "has_root", "last_seen", "over_limit", "parent_ids", "payloads", "service",
-        "session_id", "size", "spans", "trace_id",
+        "session_id", "size", "spans", "trace_id", "waited",
     )  # fmt: skip
 
     def __init__(self, trace_id: str, now: float, service: str) -> None:
@@ -120,6 +126,7 @@ class _TraceBuffer:
         self.has_root = False
         self.over_limit = False
         self.session_id: str | None = None
+        self.waited = False
 
     def single_tree(self) -> bool:
         """True when the spans hang from one top span (a root whose parent is remote)."""
@@ -244,6 +251,8 @@ class Assembler:
         self._by_activity: OrderedDict[str, None] = OrderedDict()  # least recently active first
         # Idle, without a root and not one tree: not ready until a span of theirs arrives.
         self._parked: dict[str, None] = {}
+        # Complete, waiting for late spans until the time given (``wait_for_late_spans``).
+        self._waiting: OrderedDict[str, float] = OrderedDict()
         self._decided: OrderedDict[str, _DecidedTrace] = OrderedDict()  # oldest decision first
         self._decided_spans = 0
         self._sessions: OrderedDict[str, _SessionBuffer] = OrderedDict()  # least recently active first
@@ -257,6 +266,11 @@ class Assembler:
     @property
     def traces_in_flight(self) -> int:
         return len(self._traces)
+
+    @property
+    def traces_waiting(self) -> int:
+        """Complete traces taken back to wait for late spans (``wait_for_late_spans``)."""
+        return len(self._waiting)
 
     def in_flight(self, trace_id: str) -> bool:
         return trace_id in self._traces
@@ -342,11 +356,12 @@ class Assembler:
             self._services.add(buf.service, tid)
         else:
             buf.last_seen = now
-            if tid in self._parked:
-                del self._parked[tid]
-                self._by_activity[tid] = None
-            else:
+            if tid in self._by_activity:
                 self._by_activity.move_to_end(tid)
+            else:  # parked, or waiting for late spans: one came, so it is idle_timeout from done
+                if self._parked.pop(tid, self) is self:
+                    del self._waiting[tid]
+                self._by_activity[tid] = None
         buf.fingerprints[span.span_id] = fingerprint
         if len(buf.spans) >= self.limits.max_spans_per_trace:
             buf.over_limit = True
@@ -375,6 +390,10 @@ class Assembler:
         # finish (or park) after walking.
         ready: list[_TraceBuffer] = []
         waiting: list[str] = []
+        for tid, until in self._waiting.items():  # one wait for all: in deadline order too
+            if until > now:
+                break
+            ready.append(self._traces[tid])
         for tid in self._by_activity:
             buf = self._traces[tid]
             if now - buf.last_seen < idle:
@@ -421,8 +440,8 @@ class Assembler:
         self, tid: str, now: float, *, complete: bool, reason: str, evicted: str | None = None
     ) -> list[Finished]:
         buf = self._traces.pop(tid)
-        if self._by_activity.pop(tid, self) is self:
-            del self._parked[tid]
+        if self._by_activity.pop(tid, self) is self and self._parked.pop(tid, self) is self:
+            del self._waiting[tid]
         self._services.remove(buf.service, tid)
         self.spans_buffered -= len(buf.spans)
         tombstone: Tombstone | None = None
@@ -446,6 +465,7 @@ class Assembler:
             session_id=buf.session_id,
             trace_ids=[tid],
             size=buf.size,
+            waited=buf.waited,
         )
         if self.limits.group_by == "session" and buf.session_id:
             session = self._sessions.get(buf.session_id)
@@ -457,6 +477,30 @@ class Assembler:
             return []  # its bytes stay held until the session is let go
         self.bytes_buffered -= buf.size
         return [done]
+
+    def wait_for_late_spans(self, done: Finished, now: float) -> bool:
+        """Take back a complete trace just let go by ``due`` (``done``), undecided, for
+        ``confirm_wait_s``: its verdict has a failure a span not yet seen could clear (one sent
+        by another process's exporter, or resent after a lost acknowledgement, arrives after
+        ``idle_timeout``). A span of it arriving in that time puts it back to idle_timeout from
+        done; either way it is let go again (``waited``) and not taken back a second time.
+        Only for traces (not sessions), once each; False (and nothing taken back) when it is
+        not one of those, or no longer remembered among the decided (its span ids are needed)."""
+        tid = done.key
+        decided = self._decided.get(tid)
+        if done.waited or not done.complete or self.limits.group_by != "trace" or decided is None:
+            return False
+        del self._decided[tid]
+        self._decided_spans -= decided.weight
+        service = done.spans[0].attributes.get("service.name") if done.spans else None
+        buf = self._traces[tid] = _TraceBuffer(tid, done.first_seen, "" if service is None else str(service))
+        buf.last_seen, buf.waited, buf.has_root, buf.session_id = now, True, True, done.session_id
+        buf.spans, buf.payloads, buf.fingerprints, buf.size = done.spans, done.payloads, decided.fingerprints, done.size
+        self._waiting[tid] = now + self.limits.confirm_wait_s
+        self._services.add(buf.service, tid)
+        self.spans_buffered += len(buf.spans)
+        self.bytes_buffered += buf.size
+        return True
 
     def _forget_decided(self, now: float) -> None:
         """Past decided_ttl, or over the count bounds, the oldest decided traces are forgotten:

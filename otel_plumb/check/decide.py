@@ -4,12 +4,13 @@ and reports, the verdict log and Watch read the ``Decided`` it returns (nothing 
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Iterable, Sequence
 
 from otel_plumb.check.policy import CompiledPolicy
 from otel_plumb.model import Decided, Trajectory, Verdict, trajectory_status
-from otel_plumb.model.trajectory import UNREADABLE_INPUT, UNREADABLE_SPAN
+from otel_plumb.model.trajectory import MISSING_PARENT, UNREADABLE_INPUT, UNREADABLE_SPAN
 from otel_plumb.redact import Redaction, RedactionConfig
 
 
@@ -29,6 +30,26 @@ def decide(policies: Iterable[CompiledPolicy], trajectory: Trajectory) -> Decide
         trajectory.key = task
     status = trajectory_status(trajectory, verdicts, checked=bool(applied))
     return Decided(trajectory, verdicts, [p.name for p in applied], status)
+
+
+def late_span_could_clear(policies: Iterable[CompiledPolicy], decided: Decided) -> bool:
+    """Whether a span not yet seen could turn a failure of ``decided`` into a pass: a
+    ``must_call``, ``precedes`` or ``call_count`` minimum, or a check reading other steps,
+    fails on what is missing, while a forbidden call or a budget crossed stays so whatever else
+    arrives. Its failing invariants are checked again as if spans may be missing from anywhere:
+    a failure that is then no longer one is not yet certain."""
+    failing = {(v.policy, v.invariant) for v in decided.failures}
+    if not failing:
+        return False
+    t = decided.trajectory
+    missing = dataclasses.replace(t, complete=False, incomplete_reason=MISSING_PARENT, problems=list(t.problems))
+    names = {policy for policy, _ in failing}
+    for p in policies:
+        if p.name in names and any(
+            (v.policy, v.invariant) in failing and v.verdict != "fail" for v in p.evaluate(missing)
+        ):
+            return True
+    return False
 
 
 def _agent_run(trajectory: Trajectory) -> bool:

@@ -6,10 +6,12 @@ is found on is what the spans so far say, less what spans still to come may chan
 ``transfer_to_<agent>`` call the agent it hands to may still turn into a handoff, tokens of a
 model call a framework's span around it (arriving later) may take over. A ``precedes`` failure
 stands once the ``then`` call's turn is over (``EarlyWatch.stands``), since a ``first`` call
-running beside it may have started earlier and end later. Policies and invariants with
-``applies_to`` have no early checks: which agent and service a trajectory is, is its root's
-(which arrives last). This holds when a process's spans arrive in the order they end, as the
-OpenTelemetry SDK exports them, and children end before their parents.
+running beside it may have started earlier and end later. A policy or invariant with
+``applies_to`` is checked in flight only when its globs name services only, matching every
+service the spans came from (which agent a trajectory is, is known from its root, which
+arrives last). This holds
+when a process's spans arrive in the order they end, as the OpenTelemetry SDK exports them, and
+children end before their parents.
 
 Incremental: per trace, counters updated as its spans arrive tell when a failure of an early
 invariant has become possible, and only then is the partial trajectory built and checked, so
@@ -34,11 +36,11 @@ another span): then any successful ``then`` call is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from otel_plumb.check import checks as ck
-from otel_plumb.check.policy import CompiledPolicy
+from otel_plumb.check.policy import CompiledInvariant, CompiledPolicy, Glob
 from otel_plumb.model.trajectory import HANDOFF_TOOLS, TRANSFER_PREFIX, NormalisedSpan, Step, Trajectory
 from otel_plumb.model.verdict import Verdict
 
@@ -58,8 +60,8 @@ class _Tool:
 class EarlyState:
     """What the early invariants need to know of one trace in flight, updated span by span."""
 
-    __slots__ = ("end", "llm_spans", "reordered", "spans", "start", "tokens", "tool_errors", "tool_spans", "tools",
-                 "watched")  # fmt: skip
+    __slots__ = ("end", "llm_spans", "reordered", "services", "spans", "start", "tokens", "tool_errors",
+                 "tool_spans", "tools", "watched")  # fmt: skip
 
     def __init__(self, watched: frozenset[str]) -> None:
         self.watched = watched
@@ -68,6 +70,8 @@ class EarlyState:
         # The step order may differ from start order, or a tool call may become another kind.
         self.reordered = False
         self.tools: dict[str, _Tool] = {}
+        # The services its spans came from (for applies_to).
+        self.services: set[str] = set()
 
     def add(self, span: NormalisedSpan) -> None:
         """Count one span taken into the trace's buffer (each span once: duplicates are not)."""
@@ -78,6 +82,7 @@ class EarlyState:
             self.end = span.end_ns
         if span.tokens is not None:
             self.tokens += span.tokens
+        self.services.add(str(span.attributes.get("service.name", "")))
         kind = span.kind
         if kind == "tool":
             self.tool_spans += 1
@@ -131,21 +136,19 @@ class _Rule:
     key: tuple[str, str]  # (policy, invariant), as reported
     check: ck.Check
     may_fail: Callable[[EarlyState], bool]
+    applies: tuple[Glob, ...]  # the policy's and the invariant's applies_to
 
 
 class EarlyWatch:
     """The early invariants of a set of policies, and when each may fail on a trace in flight."""
 
-    __slots__ = ("_turn_rules", "rules", "watched")
+    __slots__ = ("_by_key", "rules", "watched")
 
     def __init__(self, policies: Sequence[CompiledPolicy]) -> None:
         self.rules = [
-            _Rule((p.name, inv.id), inv.check, _may_fail(inv.check, scoped=inv.scope is not None))
-            for p in policies
-            for inv in p.early_invariants
+            _rule(p, inv) for p in policies for inv in p.early_invariants
         ]
-        # Invariants whose failure stands only once the failing call's turn is over.
-        self._turn_rules = frozenset(rule.key for rule in self.rules if isinstance(rule.check, ck.Precedes))
+        self._by_key = {rule.key: rule for rule in self.rules}
         self.watched = frozenset(
             name
             for rule in self.rules
@@ -164,14 +167,21 @@ class EarlyWatch:
         rules = [rule for rule in self.rules if rule.key not in reported] if reported else self.rules
         return [rule.key for rule in rules if rule.may_fail(state)]
 
-    def stands(self, verdict: Verdict, partial: Trajectory) -> bool:
-        """Whether an early failure found on ``partial`` is certain now. For ``precedes``, a
-        ``first`` call started before the failing ``then`` call but running beside it (a turn of
-        parallel calls) ends later, so it arrives later: the failure stands once the ``then``
-        call's turn is over, that is once its parent span has arrived (the parent ends after all
-        its children) or a model call under the same parent started after it ended (an agent
-        asks the model again once its calls have returned). O(steps), for a failure found."""
-        if (verdict.policy, verdict.invariant) not in self._turn_rules:
+    def stands(self, verdict: Verdict, partial: Trajectory, services: Collection[str]) -> bool:
+        """Whether an early failure found on ``partial`` (of spans from ``services``) is certain
+        now. Its ``applies_to`` globs must hold whatever the root (``Glob.matches_in_flight``). For
+        ``precedes``, a ``first`` call started before the failing ``then`` call but running
+        beside it (a turn of parallel calls) ends later, so it arrives later: the failure
+        stands once the ``then`` call's turn is over, that is once its parent span has arrived
+        (the parent ends after all its children) or a model call under the same parent started
+        after it ended (an agent asks the model again once its calls have returned). O(steps),
+        for a failure found."""
+        rule = self._by_key.get((verdict.policy, verdict.invariant))
+        if rule is None:
+            return True  # not an early rule of these policies (a tombstone's check)
+        if rule.applies and not all(g.matches_in_flight(services) for g in rule.applies):
+            return False
+        if not isinstance(rule.check, ck.Precedes):
             return True
         call = next((st for st in partial.steps if st.span_id == verdict.span_id and st.source == "span"), None)
         if call is None:
@@ -208,18 +218,31 @@ def in_flight(partial: Trajectory) -> Trajectory:
 
 def new_early_failures(
     policies: Sequence[CompiledPolicy], partial: Trajectory, reported: set[tuple[str, str]],
-    only: frozenset[tuple[str, str]] | None, watch: EarlyWatch,
+    only: frozenset[tuple[str, str]] | None, watch: EarlyWatch, services: Collection[str],
 ) -> list[Verdict]:
-    """The early failures on ``partial`` (of the invariants in ``only``) that stand and are
-    not yet in ``reported``, added to it: each invariant is reported once per trace."""
+    """The early failures on ``partial`` (of spans from ``services``, of the invariants in
+    ``only``) that stand and are not yet in ``reported``, added to it: each invariant is
+    reported once per trace."""
     new: list[Verdict] = []
     for policy in policies:
         for v in policy.early_failures(partial, only):
             key = (v.policy, v.invariant)
-            if key not in reported and watch.stands(v, partial):
+            if key not in reported and watch.stands(v, partial, services):
                 reported.add(key)
                 new.append(v)
     return new
+
+
+def _rule(policy: CompiledPolicy, inv: CompiledInvariant) -> _Rule:
+    may_fail = _may_fail(inv.check, scoped=inv.scope is not None)
+    applies = tuple(g for g in (policy.applies, inv.applies) if g is not None)
+    if applies:  # only where it may apply: else the partial trajectory is built for nothing
+        kind_may_fail = may_fail
+
+        def may_fail(s: EarlyState) -> bool:
+            return kind_may_fail(s) and all(g.matches_in_flight(s.services) for g in applies)
+
+    return _Rule((policy.name, inv.id), inv.check, may_fail, applies)
 
 
 def _handoff_named(tools: frozenset[str] | tuple[()]) -> bool:

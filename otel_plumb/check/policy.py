@@ -56,6 +56,20 @@ class Glob:
     def matches(self, trajectory: Trajectory) -> bool:
         return _glob_ok(self.service, trajectory.service) and _glob_ok(self.agent, trajectory.agent)
 
+    def matches_in_flight(self, services: Iterable[str]) -> bool:
+        """Whether it matches a trajectory still in flight whose spans so far came from these
+        services, whatever its root (which arrives last) turns out to be: a service glob that
+        every one of them matches, as a trace of one process has one service. Never an agent
+        glob: the agent a trajectory is, is its first agent step, usually the root (a
+        supervisor's sub-agent may match where the supervisor does not), so invariants under
+        one are not checked in flight at all."""
+        if self.agent is not None:
+            return False
+        if self.service is None:
+            return True
+        names = list(services)
+        return bool(names) and all(self.service.search(n) is not None for n in names)
+
 
 def _glob(pattern: str | None) -> Any:
     return None if pattern is None else compile_regex(glob_regex(pattern))
@@ -171,9 +185,9 @@ class CompiledInvariant:
     @property
     def early(self) -> bool:
         """Can a fail on a partial trajectory be reported now? Only for kinds whose fails more
-        spans cannot undo, without a ``when`` guard or an ``applies_to`` (the span carrying the
-        ground truth a guard reads, or the agent and service a trajectory is, is often the
-        root, which arrives last), with no scope or one that more spans can only widen, and for
+        spans cannot undo, without a ``when`` guard or an ``applies_to`` agent (the span
+        carrying the ground truth a guard reads tends to arrive last, and the agent a trajectory
+        is, is its root's: see ``Glob.matches_in_flight``), with no scope or one that more spans can only widen, and for
         ``precedes`` when no call it needs before the ``then`` call may still turn into a
         handoff (a ``transfer_to_<agent>`` call, once that agent's span arrives)."""
         scope_ok = self.scope is None or self.scope.kind == "after"
@@ -181,7 +195,8 @@ class CompiledInvariant:
             needed = self.check.first | (self.scope.start if self.scope is not None else frozenset())
             if any(t.startswith(TRANSFER_PREFIX) for t in needed):
                 return False
-        return self.check.early and self.guard is None and self.applies is None and scope_ok
+        agent_unknown = self.applies is not None and self.applies.agent is not None
+        return self.check.early and self.guard is None and scope_ok and not agent_unknown
 
     def verdict(self, outcome: ck.Outcome, run: ck.Run) -> Verdict:
         """The verdict of ``outcome``; on a provisional run it names the step by span only."""
@@ -269,8 +284,8 @@ class CompiledPolicy:
         self._prefix = context_prefix
         self._task_attribute = task_attribute
         self._context_file = context_file
-        # Which agent and service a trajectory is comes from its root, which arrives last.
-        self._early = [] if applies is not None else [inv for inv in invariants if inv.early]
+        # An applies_to agent is known only from the root, which arrives last.
+        self._early = [] if applies is not None and applies.agent is not None else [i for i in invariants if i.early]
         self._tools = tuple(sorted(self.tool_names))  # in name order: the one a problem line names is stable
         self._tools_by_span_name: dict[str, tuple[str, ...]] = {}
 
@@ -310,6 +325,11 @@ class CompiledPolicy:
                 self._tools_by_span_name.clear()
             named = self._tools_by_span_name[span_name] = tuple(t for t in self._tools if t in span_name)
         return named
+
+    @property
+    def applies(self) -> Glob | None:
+        """The policy's ``applies_to`` globs, if it has them."""
+        return self._applies
 
     @property
     def early_invariants(self) -> list[CompiledInvariant]:
@@ -373,7 +393,7 @@ class CompiledPolicy:
         Its step indices are not final (spans that start earlier, the root first, arrive later),
         so these verdicts have no ``step_index``: they name the offending step by ``span_id``, and
         their messages by span and call ordinal."""
-        if not self._early:
+        if not self._early or not self.applies_to(trajectory):
             return []
         run = ck.Run(trajectory, self.context(trajectory), complete=False, provisional=True)
         out = []

@@ -180,17 +180,31 @@ class Intake:
     def buffered_spans(self, trace_id: str) -> list[NormalisedSpan]:
         return self.assembler.buffered_spans(trace_id)
 
-    def trajectory(self, finished: Finished) -> Trajectory:
-        """The trajectory of a finished trace or session, with what the intake knows of its data."""
+    def trajectory(self, finished: Finished, *, keep_marks: bool = False) -> Trajectory:
+        """The trajectory of a finished trace or session, with what the intake knows of its data
+        (kept for a second look with ``keep_marks``, until ``forget_marks``)."""
         trajectory = finished.trajectory()
         for tid in finished.trace_ids:
-            marks = self._marks.pop(tid, None)
+            marks = self._marks.get(tid) if keep_marks else self._marks.pop(tid, None)
             if marks is None:
                 continue
             trajectory.problems.extend(marks.problems)
             if marks.reason is not None and trajectory.complete:
                 trajectory.complete, trajectory.incomplete_reason = False, marks.reason
         return trajectory
+
+    @property
+    def traces_waiting(self) -> int:
+        return self.assembler.traces_waiting
+
+    def forget_marks(self, finished: Finished) -> None:
+        for tid in finished.trace_ids:
+            self._marks.pop(tid, None)
+
+    def wait_for_late_spans(self, finished: Finished, now: float) -> bool:
+        """Take a complete trace back, undecided, to wait for late spans (see
+        ``Assembler.wait_for_late_spans``); its marks stay for its next trajectory."""
+        return self.assembler.wait_for_late_spans(finished, now)
 
     def _mark(self, trace_id: str, reason: str | None, problem: str) -> None:
         marks = self._marks.get(trace_id)

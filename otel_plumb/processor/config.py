@@ -34,6 +34,9 @@ class ConfigError(ValueError):
 
 class AssemblyConfig(ConfigModel):
     idle_timeout: Seconds = 2.0
+    # A trajectory whose verdict has a failure a span not yet seen could clear (must_call,
+    # precedes...) waits this much longer for late spans before it is given; 0: not at all.
+    confirm_wait: Seconds = 5.0
     max_wait: Seconds = 300.0
     max_traces: int = Field(default=10_000, ge=1)
     max_spans_per_trace: int = Field(default=5_000, ge=1)

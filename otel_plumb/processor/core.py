@@ -20,7 +20,7 @@ import logging
 import ssl
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from operator import attrgetter
 from typing import Any, cast
 
@@ -31,7 +31,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otel_plumb import tls
 from otel_plumb.assemble import AddOutcome, AssemblyLimits, Finished, build_trajectory
-from otel_plumb.check import CompiledPolicy, decide, load_policies, redaction_for
+from otel_plumb.check import CompiledPolicy, decide, late_span_could_clear, load_policies, redaction_for
 from otel_plumb.check.early import EarlyState, EarlyWatch, in_flight, new_early_failures
 from otel_plumb.configtypes import parse_hostport
 from otel_plumb.consistency import PathAgreement
@@ -110,6 +110,8 @@ class Processor:
         self._early_watch = EarlyWatch(self.policies)
         self._early_state: dict[str, EarlyState] = {}
         a = config.assembly
+        # Waiting for late spans is for traces: a session is decided long after its traces.
+        self._confirm = a.confirm_wait > 0 and a.group_by == "trace"
         self.intake = Intake(
             AssemblyLimits(
                 idle_timeout_s=a.idle_timeout,
@@ -121,6 +123,7 @@ class Processor:
                 decided_ttl_s=a.decided_ttl,
                 decided_max_traces=a.decided_max_traces,
                 decided_max_spans=a.decided_max_spans,
+                confirm_wait_s=a.confirm_wait,
             )
         )
         self.hub = VerdictHub()
@@ -386,7 +389,7 @@ class Processor:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._tick_task, max(1.0, deadline - time.monotonic()))
         async with self._decide_lock:
-            await self._decide(self.intake.drain(time.monotonic()))
+            await self._decide(self.intake.drain(time.monotonic()), confirm=False)
         flushed = True
         if self.exporter is not None:
             await self._retry_held()
@@ -642,7 +645,7 @@ class Processor:
         spans = self.intake.buffered_spans(trace_id)
         partial = build_trajectory(trace_id, spans, complete=False, incomplete_reason="in_flight")
         reported = self._early.setdefault(trace_id, set())
-        decision = self._new_early_failures(trace_id, partial, reported, frozenset(may_fail))
+        decision = self._new_early_failures(trace_id, partial, reported, state.services, frozenset(may_fail))
         if not reported:
             del self._early[trace_id]
         return decision
@@ -654,14 +657,17 @@ class Processor:
         tombstone = self.intake.tombstone(trace_id)
         if tombstone is None:
             return None
-        return self._new_early_failures(trace_id, tombstone.trajectory(trace_id), tombstone.reported)
+        partial = tombstone.trajectory(trace_id)
+        services = () if partial.service is None else (partial.service,)
+        return self._new_early_failures(trace_id, partial, tombstone.reported, services)
 
     def _new_early_failures(
-        self, trace_id: str, partial: Trajectory, reported: set[tuple[str, str]],
+        self, trace_id: str, partial: Trajectory, reported: set[tuple[str, str]], services: Collection[str],
         only: frozenset[tuple[str, str]] | None = None,
     ) -> Decision | None:
-        """Early failures on ``partial`` not yet in ``reported`` (of the invariants in ``only``)."""
-        new = new_early_failures(self.policies, in_flight(partial), reported, only, self._early_watch)
+        """Early failures on ``partial`` (of spans from ``services``) not yet in ``reported``
+        (of the invariants in ``only``)."""
+        new = new_early_failures(self.policies, in_flight(partial), reported, only, self._early_watch, services)
         if not new:
             return None
         applied = list(dict.fromkeys(v.policy for v in new))
@@ -671,12 +677,22 @@ class Processor:
                 partial.key = task
         return Decision(Decided(partial, new, applied, "violating", "early"))
 
-    async def _decide(self, finished: Iterable[Finished]) -> None:
-        """Check each finished trajectory and hand the decisions to every consumer."""
+    async def _decide(self, finished: Iterable[Finished], *, confirm: bool = True) -> None:
+        """Check each finished trajectory and hand the decisions to every consumer. With
+        ``confirm`` (not when draining), a complete trajectory with a failure a late span could
+        clear waits ``confirm_wait`` for one first (``Assembler.wait_for_late_spans``)."""
         now = time.monotonic()
         decisions: list[Decision] = []
         for f in finished:
-            decided = decide(self.policies, self.intake.trajectory(f))
+            confirming = confirm and self._confirm and f.complete and not f.waited
+            decided = decide(self.policies, self.intake.trajectory(f, keep_marks=confirming))
+            if confirming:
+                if (
+                    decided.trajectory.complete and late_span_could_clear(self.policies, decided)
+                    and self.intake.wait_for_late_spans(f, now)
+                ):  # fmt: skip
+                    continue  # undecided: nothing of it is counted, emitted or let go yet
+                self.intake.forget_marks(f)
             last = max((self._last_arrival.pop(t, f.first_seen) for t in f.trace_ids), default=f.first_seen)
             early: set[tuple[str, str]] = set()
             for t in f.trace_ids:
