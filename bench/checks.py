@@ -167,7 +167,9 @@ def _ingest_us_per_span(n: int, policy: CompiledPolicy) -> float:
     async def run() -> float:
         config = load_config(None, {
             "receivers": {"grpc": {"enabled": False}, "http": {"enabled": False}},
-            "metrics": {"endpoint": ""}, "assembly": {"idle_timeout": 60, "max_spans_per_trace": 20_000},
+            # confirm_wait 0: each early failure is reported (and its trajectory built) as found.
+            "metrics": {"endpoint": ""},
+            "assembly": {"idle_timeout": 60, "confirm_wait": 0, "max_spans_per_trace": 20_000},
         })  # fmt: skip
         processor = Processor(config, [policy])
         await processor.start()

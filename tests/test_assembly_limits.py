@@ -211,8 +211,10 @@ async def test_evictions_are_counted_and_logged_at_a_rate_limit(tmp_path: Path, 
 
 
 async def test_a_flood_cannot_hide_a_violation_of_an_evicted_trace(tmp_path: Path) -> None:
+    # confirm_wait 0: early failures are reported as their span arrives, so they can be counted here.
     processor = Processor(config(
-        tmp_path, policies=[policy_file(tmp_path)], assembly={"idle_timeout": 60, "max_wait": 60, "max_traces": 100},
+        tmp_path, policies=[policy_file(tmp_path)],
+        assembly={"idle_timeout": 60, "max_wait": 60, "max_traces": 100, "confirm_wait": 0},
     ))  # fmt: skip
     await processor.start()
     v, w = os.urandom(16), os.urandom(16)
@@ -244,6 +246,30 @@ async def test_a_flood_cannot_hide_a_violation_of_an_evicted_trace(tmp_path: Pat
     assert metric(text, "plumb_violations_total", invariant="no-wire") == 2  # V once, W once
     assert metric(text, "plumb_violations_total", invariant="one-refund") == 1
     assert metric(text, "plumb_spans_dropped_total", reason="duplicate") == 2
+
+
+async def test_an_early_failure_still_waiting_when_its_trace_is_evicted_is_counted_once(tmp_path: Path) -> None:
+    processor = Processor(config(
+        tmp_path, policies=[policy_file(tmp_path)],
+        assembly={"idle_timeout": 60, "max_wait": 60, "max_traces": 100, "confirm_wait": 60},
+    ))  # fmt: skip
+    await processor.start()
+    w = os.urandom(16)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{processor.grpc_port}") as channel:
+            stub = TraceServiceStub(channel)
+            await stub.Export(request((w, "agents", ["wire_funds"])), timeout=5)
+            assert metric(await _text(processor), "plumb_violations_total", invariant="no-wire") == 0  # waiting
+            for _ in range(10):  # a flood evicts W before its early failure is confirmed
+                await stub.Export(request(*((os.urandom(16), "agents", ["lookup"]) for _ in range(100))), timeout=10)
+            assert processor.intake.tombstone(w.hex()) is not None
+            # the decision of the trace let go reports it (a forbidden call stands on part of a trace)
+            assert metric(await _text(processor), "plumb_violations_total", invariant="no-wire") == 1
+            await stub.Export(request((w, "agents", ["wire_funds"])), timeout=5)  # a late second call
+        text = await _text(processor)
+    finally:
+        await processor.stop()
+    assert metric(text, "plumb_violations_total", invariant="no-wire") == 1
 
 
 async def test_a_flood_from_one_service_does_not_evict_another_services_trace(tmp_path: Path) -> None:

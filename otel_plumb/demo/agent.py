@@ -32,8 +32,9 @@ AGENT = "ap-agent"
 SERVICE = "ap-service"
 MODEL = "scripted-ap-model"
 # After paying twice the agent keeps working for a while (as a real run would, between model
-# calls): the early verdict arrives while the run is still going, before its root span ends.
-PAUSE_AFTER_DOUBLE_PAYMENT_S = 0.4
+# calls): the early verdict arrives while the run is still going, before its root span ends
+# (once it has held for the demo processor's confirm_wait).
+PAUSE_AFTER_DOUBLE_PAYMENT_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,7 +76,7 @@ async def run_demo(out_dir: Path, say: Callable[[str], None] = print, rounds: in
             "receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},
             "metrics": {"endpoint": "127.0.0.1:0"},
             # The agent runs here and its provider is flushed: no span of it can come late.
-            "assembly": {"idle_timeout": 0.5, "confirm_wait": 0.5},
+            "assembly": {"idle_timeout": 0.5, "confirm_wait": 0.3},
             "exporters": {"otlp": {"endpoint": backend.endpoint, "state_dir": state.name}},
             "verdict_log": {"path": str(out_dir / "verdicts.jsonl")},
             # What the console shows: every demo run adds its trajectories.

@@ -21,6 +21,7 @@ import ssl
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, cast
 
@@ -100,6 +101,12 @@ def load_policy_files(paths: Sequence[str]) -> list[CompiledPolicy]:
     return load_policies(list(paths)) if paths else []
 
 
+@dataclass(slots=True)
+class _PendingEarly:
+    deadline: float  # time.monotonic()
+    keys: set[tuple[str, str]]  # (policy, invariant)
+
+
 class Processor:
     def __init__(self, config: ProcessorConfig, policies: Sequence[CompiledPolicy] | None = None) -> None:
         self.config = config
@@ -167,6 +174,9 @@ class Processor:
         # early failures were already reported (so they are reported and counted once).
         self._last_arrival: dict[str, float] = {}
         self._early: dict[str, set[tuple[str, str]]] = {}
+        # Early failures found, reported once they still hold confirm_wait later (a batch held
+        # up by a retry may hold what undoes them): per trace, in deadline order.
+        self._early_pending: dict[str, _PendingEarly] = {}
         self._rooted: set[str] = set()
         self._incoming = 0  # spans of requests accepted but not yet buffered
         self._incoming_bytes = 0  # and their bytes (the memory limiter counts them too)
@@ -635,17 +645,54 @@ class Processor:
     def _early_check(self, trace_id: str) -> Decision | None:
         """Failures already certain (never_call, precedes, call_count max, budget) on a trace
         still in flight, each reported once; the full evaluation follows at completion. The
-        trace's counters say first whether one may fail: the partial trajectory is built only then."""
+        trace's counters say first whether one may fail: the partial trajectory is built only
+        then. With ``confirm_wait``, a failure found is reported once it still holds that much
+        later (``_confirm_early``), while the trace is still in flight."""
         state = self._early_state.get(trace_id)
         if state is None:
             return None
-        may_fail = self._early_watch.may_fail(state, self._early.get(trace_id, frozenset()))
+        reported: set[tuple[str, str]] | frozenset[tuple[str, str]] = self._early.get(trace_id, frozenset())
+        pending = self._early_pending.get(trace_id)
+        may_fail = self._early_watch.may_fail(state, reported | pending.keys if pending else reported)
         if not may_fail:
             return None
+        wait = self.config.assembly.confirm_wait
+        if not wait:
+            return self._report_early(trace_id, state, frozenset(may_fail))
+        partial = in_flight(self._partial(trace_id))
+        found = new_early_failures(self.policies, partial, set(reported), frozenset(may_fail), self._early_watch,
+                                   state.services)  # fmt: skip
+        if found:
+            # To the end of the deadline order: every failure pending for the trace waits from now.
+            keys = self._early_pending.pop(trace_id).keys if pending else set()
+            keys.update((v.policy, v.invariant) for v in found)
+            self._early_pending[trace_id] = _PendingEarly(time.monotonic() + wait, keys)
+        return None
+
+    def _confirm_early(self, now: float) -> list[Decision]:
+        """The early failures pending since ``confirm_wait`` ago that still hold on their trace,
+        if it is still in flight (else its full evaluation decides). O(traces due)."""
+        out: list[Decision] = []
+        pending = self._early_pending
+        while pending:
+            trace_id, entry = next(iter(pending.items()))
+            if entry.deadline > now:
+                break
+            del pending[trace_id]
+            state = self._early_state.get(trace_id)
+            if state is not None and trace_id not in self._rooted and not self.intake.is_decided(trace_id):
+                found = self._report_early(trace_id, state, frozenset(entry.keys))
+                if found is not None:
+                    out.append(found)
+        return out
+
+    def _partial(self, trace_id: str) -> Trajectory:
         spans = self.intake.buffered_spans(trace_id)
-        partial = build_trajectory(trace_id, spans, complete=False, incomplete_reason="in_flight")
+        return build_trajectory(trace_id, spans, complete=False, incomplete_reason="in_flight")
+
+    def _report_early(self, trace_id: str, state: EarlyState, only: frozenset[tuple[str, str]]) -> Decision | None:
         reported = self._early.setdefault(trace_id, set())
-        decision = self._new_early_failures(trace_id, partial, reported, state.services, frozenset(may_fail))
+        decision = self._new_early_failures(trace_id, self._partial(trace_id), reported, state.services, only)
         if not reported:
             del self._early[trace_id]
         return decision
@@ -697,6 +744,7 @@ class Processor:
             early: set[tuple[str, str]] = set()
             for t in f.trace_ids:
                 early |= self._early.pop(t, set())
+                self._early_pending.pop(t, None)
                 self._rooted.discard(t)
                 self._early_state.pop(t, None)
             new_failures = [v for v in decided.failures if (v.policy, v.invariant) not in early]
@@ -891,11 +939,15 @@ class Processor:
                 gc.collect(0)
                 young_gc_at = time.monotonic() + GC_YOUNG_INTERVAL
             try:
+                confirmed = self._confirm_early(time.monotonic())
                 finished = self.intake.due(time.monotonic())
                 self._note_evictions()
-                if finished:
+                if confirmed or finished:
                     async with self._decide_lock:
-                        await self._decide(finished)
+                        if confirmed:
+                            await self._consume(confirmed)
+                        if finished:
+                            await self._decide(finished)
             except Exception:
                 log.exception("deciding trajectories failed")
             if (self._held or self._held_requests or self._held_releases) and time.monotonic() >= held_retry:
