@@ -4,6 +4,10 @@ it is let go once more, never held twice."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_assemble import ns
 
 from otel_plumb.assemble import AddOutcome, Assembler, AssemblyLimits, Finished
@@ -74,3 +78,40 @@ def test_only_complete_traces_not_in_sessions_wait() -> None:
     assert asm.due(1.0) == []  # its trace is done; the session idles
     (session,) = asm.due(2.0)
     assert session.complete and not asm.wait_for_late_spans(session, 2.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.just("add"), st.integers(0, 2), st.integers(0, 5), st.booleans()),
+    st.tuples(st.just("tick"), st.floats(0.1, 3.0), st.booleans()),
+), max_size=40))  # fmt: skip
+def test_however_traces_are_taken_back_every_span_is_let_go_once(ops: list[tuple[Any, ...]]) -> None:
+    """Spans of three traces arrive, resent and late, between ticks; any trace let go may be
+    taken back to wait. Every span taken is in exactly one trajectory let go for good, and
+    nothing stays buffered."""
+    asm = Assembler(AssemblyLimits(idle_timeout_s=1.0, max_wait_s=8.0, confirm_wait_s=2.0, decided_ttl_s=1e9))
+    now = 0.0
+    taken: set[tuple[str, str]] = set()
+    let_go: list[tuple[str, str]] = []
+
+    def finish(done: list[Finished], wait: bool) -> None:
+        for f in done:
+            if wait and asm.wait_for_late_spans(f, now):
+                continue
+            let_go.extend((f.key, s.span_id) for s in f.spans)
+
+    for op in ops:
+        if op[0] == "add":
+            _, trace, span, root = op
+            tid, sid = f"t{trace}", "root" if root else f"s{span}"
+            outcome, evicted = asm.add(ns(sid, None if root else "root", span, trace=tid), None, now)
+            if outcome is AddOutcome.ACCEPTED:
+                taken.add((tid, sid))
+            finish(evicted, False)
+        else:
+            _, step, wait = op
+            now += step
+            finish(asm.due(now), wait)
+    finish(asm.drain(now), False)
+    assert sorted(let_go) == sorted(taken)  # each once
+    assert (asm.spans_buffered, asm.bytes_buffered, asm.traces_in_flight, asm.traces_waiting) == (0, 0, 0, 0)
