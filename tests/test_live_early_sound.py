@@ -146,6 +146,8 @@ async def test_a_batch_sent_again_after_the_next_one_is_waited_for(tmp_path: Pat
     records, text = await _run(tmp_path, lookup_first=True, lookup_ends_first=True, held=2)
     assert [(r["decision"], r["status"]) for r in records] == [("final", "conformant")]
     assert metric(text, "plumb_violations_total") == 1  # the second run's
+    assert metric(text, "plumb_confirm_waits_total", kind="early", outcome="cleared") == 1
+    assert metric(text, "plumb_confirm_waits_total", kind="early", outcome="stood") == 1  # the second run's
 
 
 async def test_without_the_wait_the_reordered_batch_is_a_false_early_verdict(tmp_path: Path) -> None:

@@ -74,6 +74,8 @@ async def _run(tmp_path: Path, *, confirm_wait: float, sub_agent_checks: bool) -
         if confirm_wait:
             await wait_until(lambda: processor.intake.traces_waiting == 1, 10, "the failing trajectory to wait")
             assert records == []  # nothing said of it while it waits
+            waiting = await asyncio.to_thread(scrape, processor.metrics_port)
+            assert metric(waiting, "plumb_traces_waiting") == 1 and metric(waiting, "plumb_violations_total") == 0
         else:
             await wait_until(lambda: records, 10, "the verdict without the sub-agent's spans")
         await asyncio.to_thread(checker.shutdown)  # the other process's batch, late
@@ -90,6 +92,8 @@ async def test_a_late_span_that_clears_the_failure_is_waited_for(tmp_path: Path)
     assert [(r["decision"], r["status"]) for r in records] == [("final", "conformant")]
     assert metric(text, "plumb_violations_total") == 0
     assert metric(text, "plumb_spans_unchecked_total") == 0  # no span was late for its verdict
+    assert metric(text, "plumb_confirm_waits_total", kind="final", outcome="cleared") == 1
+    assert metric(text, "plumb_traces_waiting") == 0
 
 
 async def test_without_the_wait_the_verdict_misses_the_sub_agents_call(tmp_path: Path) -> None:
@@ -104,3 +108,4 @@ async def test_a_failure_no_late_span_clears_is_reported_after_the_wait(tmp_path
     assert [(r["decision"], r["status"]) for r in records] == [("final", "violating")]
     assert [v["invariant"] for v in records[0]["verdicts"] if v["verdict"] == "fail"] == ["dup-check"]
     assert metric(text, "plumb_violations_total", invariant="dup-check") == 1
+    assert metric(text, "plumb_confirm_waits_total", kind="final", outcome="stood") == 1

@@ -132,6 +132,17 @@ class Metrics:
         self.buffered_bytes = Gauge(
             "plumb_buffered_bytes", "Estimated bytes held by spans buffered for assembly.", registry=r
         )
+        # Not in the fixed SPEC set: failures held for late spans (assembly.confirm_wait), and
+        # what came of them: "stood" (reported), "cleared" (a span that arrived in the wait
+        # undid it); "final" for complete trajectories, "early" for failures found in flight.
+        self.traces_waiting = Gauge(
+            "plumb_traces_waiting", "Complete traces whose failure waits for late spans before it is reported.",
+            registry=r,
+        )  # fmt: skip
+        self.confirm_waits = counter(
+            "plumb_confirm_waits", "Failures held for late spans, by kind (final, early) and outcome (stood, cleared).",
+            ["kind", "outcome"],
+        )  # fmt: skip
         # Not in the fixed SPEC set: what went wrong on the way out, and with the state directory.
         self.export_errors = counter(
             "plumb_export_errors", "Failed export attempts (requests), by error.", ["exporter", "error"]
@@ -174,6 +185,9 @@ class Metrics:
             self.spans_dropped.labels(reason)
         for reason in ("max_traces", "max_wait"):
             self.traces_evicted.labels(reason)
+        for kind in ("final", "early"):
+            for outcome in ("stood", "cleared"):
+                self.confirm_waits.labels(kind, outcome)
 
     def record_trajectory(
         self,

@@ -606,6 +606,7 @@ class Processor:
         if rejected:
             counted.labels("malformed").inc(rejected)
         self.metrics.traces_in_flight.set(intake.traces_in_flight)
+        self.metrics.traces_waiting.set(intake.traces_waiting)
         self.metrics.buffered_bytes.set(intake.bytes_buffered)
         self._note_evictions()
         early: list[Decision] = []
@@ -682,6 +683,9 @@ class Processor:
             state = self._early_state.get(trace_id)
             if state is not None and trace_id not in self._rooted and not self.intake.is_decided(trace_id):
                 found = self._report_early(trace_id, state, frozenset(entry.keys))
+                stood = len(found.decided.verdicts) if found is not None else 0
+                self.metrics.confirm_waits.labels("early", "stood").inc(stood)
+                self.metrics.confirm_waits.labels("early", "cleared").inc(len(entry.keys) - stood)
                 if found is not None:
                     out.append(found)
         return out
@@ -740,6 +744,9 @@ class Processor:
                 ):  # fmt: skip
                     continue  # undecided: nothing of it is counted, emitted or let go yet
                 self.intake.forget_marks(f)
+            elif f.waited:
+                outcome = "stood" if decided.status == "violating" else "cleared"
+                self.metrics.confirm_waits.labels("final", outcome).inc()
             last = max((self._last_arrival.pop(t, f.first_seen) for t in f.trace_ids), default=f.first_seen)
             early: set[tuple[str, str]] = set()
             for t in f.trace_ids:
@@ -756,6 +763,7 @@ class Processor:
                     tombstone.reported.update((v.policy, v.invariant) for v in decided.failures)
         self.trajectories_decided += len(decisions)
         self.metrics.traces_in_flight.set(self.intake.traces_in_flight)
+        self.metrics.traces_waiting.set(self.intake.traces_waiting)
         self.metrics.buffered_bytes.set(self.intake.bytes_buffered)
         self._note_evictions()
         await self._consume(decisions)
