@@ -21,7 +21,7 @@ def _decided_once(asm: Assembler) -> Finished:
     return done
 
 
-def test_a_span_arriving_in_the_wait_is_taken_in_and_the_trace_decided_idle_timeout_after_it() -> None:
+def test_a_span_arriving_in_the_wait_is_taken_in_and_the_trace_let_go_when_the_wait_ends() -> None:
     asm = Assembler(AssemblyLimits(idle_timeout_s=1.0, max_wait_s=100, confirm_wait_s=5.0))
     done = _decided_once(asm)
     assert asm.wait_for_late_spans(done, 1.0)
@@ -31,14 +31,25 @@ def test_a_span_arriving_in_the_wait_is_taken_in_and_the_trace_decided_idle_time
     # a resend of a span it had is a duplicate; a new span is taken
     assert asm.add(ns("b", "a", 1), "again", now=3.0, fingerprint=7)[0] is AddOutcome.DUPLICATE
     assert asm.add(ns("c", "a", 2), "pc", now=3.0, fingerprint=9, size=10)[0] is AddOutcome.ACCEPTED
-    assert asm.due(3.9) == []
-    (again,) = asm.due(4.0)  # idle_timeout after the late span, not the end of the wait
+    assert asm.due(4.0) == []  # idle after the late span, but late spans may still come: the wait goes on
+    assert asm.add(ns("d", "a", 3), "pd", now=4.5, fingerprint=10, size=0)[0] is AddOutcome.ACCEPTED  # and one does
+    assert asm.due(5.9) == []
+    (again,) = asm.due(6.0)  # the end of the wait
     assert again.waited and again.complete
-    assert [s.span_id for s in again.spans] == ["b", "a", "c"] and again.payloads == ["pb", "pa", "pc"]
+    assert [s.span_id for s in again.spans] == ["b", "a", "c", "d"] and again.payloads == ["pb", "pa", "pc", "pd"]
     assert again.size == 160 and (asm.spans_buffered, asm.bytes_buffered) == (0, 0)
-    assert not asm.wait_for_late_spans(again, 4.0)  # once only
+    assert not asm.wait_for_late_spans(again, 6.0)  # once only
     assert asm.is_decided("t1") and asm.traces_in_flight == 0
     assert asm.add(ns("c", "a", 2), "pc", now=5.0, fingerprint=9)[0] is AddOutcome.DUPLICATE
+
+
+def test_a_span_arriving_at_the_end_of_the_wait_gets_its_idle_timeout() -> None:
+    asm = Assembler(AssemblyLimits(idle_timeout_s=1.0, max_wait_s=100, confirm_wait_s=5.0))
+    assert asm.wait_for_late_spans(_decided_once(asm), 1.0)
+    asm.add(ns("c", "a", 2), None, now=5.5)
+    assert asm.due(6.0) == [] and asm.due(6.4) == []
+    (again,) = asm.due(6.5)
+    assert [s.span_id for s in again.spans] == ["b", "a", "c"]
 
 
 def test_without_a_late_span_the_trace_is_let_go_at_the_end_of_the_wait() -> None:

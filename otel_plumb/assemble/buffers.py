@@ -13,11 +13,11 @@ services: the trace let go is the oldest of the service holding the most traces,
 service's flood evicts its own traces, not another's.
 
 Cost: ``add`` is O(1) per span. The timers are queues already in deadline order (every trace
-has the same idle_timeout, max_wait and confirm wait, so activity order, first-seen order and
-the order traces were taken back in are deadline order; a trace taken back goes to the end of
-the first-seen order, its max_wait passing at most one confirm wait late), so ``due`` walks
-only the traces that are due: O(traces due + traces newly idle) per tick, never O(traces in
-flight). A trace idle without a root that is not one tree cannot
+has the same idle_timeout and max_wait, so activity order and first-seen order are deadline
+order; a trace taken back to wait for late spans goes to the end of the first-seen order, its
+max_wait passing at most one confirm wait late, and the waits are a heap, O(log n) each), so
+``due`` walks only the traces that are due: O(traces due + traces newly idle) per tick, never
+O(traces in flight). A trace idle without a root that is not one tree cannot
 become ready until a span of it arrives, so once looked at it is parked out of the activity
 queue (its max_wait still applies) and a span of it puts it back.
 """
@@ -25,6 +25,7 @@ queue (its max_wait still applies) and a span of it puts it back.
 from __future__ import annotations
 
 import enum
+import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal
@@ -107,7 +108,7 @@ class Finished:
 class _TraceBuffer:
     __slots__ = (
         "fingerprints", "first_seen", "has_root", "last_seen", "over_limit", "parent_ids", "payloads", "service",
-        "session_id", "size", "spans", "trace_id", "waited",
+        "session_id", "size", "spans", "trace_id", "wait_until",
     )  # fmt: skip
 
     def __init__(self, trace_id: str, now: float, service: str) -> None:
@@ -126,7 +127,8 @@ class _TraceBuffer:
         self.has_root = False
         self.over_limit = False
         self.session_id: str | None = None
-        self.waited = False
+        # Taken back to wait for late spans until then (``Assembler.wait_for_late_spans``).
+        self.wait_until: float | None = None
 
     def single_tree(self) -> bool:
         """True when the spans hang from one top span (a root whose parent is remote)."""
@@ -251,8 +253,10 @@ class Assembler:
         self._by_activity: OrderedDict[str, None] = OrderedDict()  # least recently active first
         # Idle, without a root and not one tree: not ready until a span of theirs arrives.
         self._parked: dict[str, None] = {}
-        # Complete, waiting for late spans until the time given (``wait_for_late_spans``).
-        self._waiting: OrderedDict[str, float] = OrderedDict()
+        # Complete, idle, waiting for late spans until the time given (``wait_for_late_spans``),
+        # and the same in deadline order (entries whose trace has left the wait are skipped).
+        self._waiting: dict[str, float] = {}
+        self._wait_order: list[tuple[float, str]] = []
         self._decided: OrderedDict[str, _DecidedTrace] = OrderedDict()  # oldest decision first
         self._decided_spans = 0
         self._sessions: OrderedDict[str, _SessionBuffer] = OrderedDict()  # least recently active first
@@ -390,21 +394,29 @@ class Assembler:
         # finish (or park) after walking.
         ready: list[_TraceBuffer] = []
         waiting: list[str] = []
-        for tid, until in self._waiting.items():  # one wait for all: in deadline order too
-            if until > now:
-                break
-            ready.append(self._traces[tid])
+        holding: list[_TraceBuffer] = []
+        order = self._wait_order
+        while order and order[0][0] <= now:
+            until, tid = heapq.heappop(order)
+            if self._waiting.get(tid) == until:
+                del self._waiting[tid]
+                ready.append(self._traces[tid])
         for tid in self._by_activity:
             buf = self._traces[tid]
             if now - buf.last_seen < idle:
                 break
-            if buf.has_root or buf.single_tree():
+            if buf.wait_until is not None and buf.wait_until > now:
+                holding.append(buf)  # a late span came in its wait: the wait goes on
+            elif buf.has_root or buf.single_tree():
                 ready.append(buf)
             else:
                 waiting.append(tid)
         for tid in waiting:
             del self._by_activity[tid]
             self._parked[tid] = None
+        for buf in holding:
+            del self._by_activity[buf.trace_id]
+            self._hold(buf)
         for buf in ready:
             out.extend(self._finish(buf.trace_id, now, complete=not buf.over_limit, reason="span_limit"))
         expired: list[str] = []
@@ -441,7 +453,7 @@ class Assembler:
     ) -> list[Finished]:
         buf = self._traces.pop(tid)
         if self._by_activity.pop(tid, self) is self and self._parked.pop(tid, self) is self:
-            del self._waiting[tid]
+            self._waiting.pop(tid, None)
         self._services.remove(buf.service, tid)
         self.spans_buffered -= len(buf.spans)
         tombstone: Tombstone | None = None
@@ -465,7 +477,7 @@ class Assembler:
             session_id=buf.session_id,
             trace_ids=[tid],
             size=buf.size,
-            waited=buf.waited,
+            waited=buf.wait_until is not None,
         )
         if self.limits.group_by == "session" and buf.session_id:
             session = self._sessions.get(buf.session_id)
@@ -482,8 +494,9 @@ class Assembler:
         """Take back a complete trace just let go by ``due`` (``done``), undecided, for
         ``confirm_wait_s``: its verdict has a failure a span not yet seen could clear (one sent
         by another process's exporter, or resent after a lost acknowledgement, arrives after
-        ``idle_timeout``). A span of it arriving in that time puts it back to idle_timeout from
-        done; either way it is let go again (``waited``) and not taken back a second time.
+        ``idle_timeout``). A span of it arriving in that time is taken in; it is let go again
+        (``waited``) at the end of the wait, or idle_timeout after its last span if that is
+        later, and not taken back a second time.
         Only for traces (not sessions), once each; False (and nothing taken back) when it is
         not one of those, or no longer remembered among the decided (its span ids are needed)."""
         tid = done.key
@@ -494,13 +507,19 @@ class Assembler:
         self._decided_spans -= decided.weight
         service = done.spans[0].attributes.get("service.name") if done.spans else None
         buf = self._traces[tid] = _TraceBuffer(tid, done.first_seen, "" if service is None else str(service))
-        buf.last_seen, buf.waited, buf.has_root, buf.session_id = now, True, True, done.session_id
+        buf.last_seen, buf.has_root, buf.session_id = now, True, done.session_id
         buf.spans, buf.payloads, buf.fingerprints, buf.size = done.spans, done.payloads, decided.fingerprints, done.size
-        self._waiting[tid] = now + self.limits.confirm_wait_s
+        buf.wait_until = now + self.limits.confirm_wait_s
+        self._hold(buf)
         self._services.add(buf.service, tid)
         self.spans_buffered += len(buf.spans)
         self.bytes_buffered += buf.size
         return True
+
+    def _hold(self, buf: _TraceBuffer) -> None:
+        assert buf.wait_until is not None
+        self._waiting[buf.trace_id] = buf.wait_until
+        heapq.heappush(self._wait_order, (buf.wait_until, buf.trace_id))
 
     def _forget_decided(self, now: float) -> None:
         """Past decided_ttl, or over the count bounds, the oldest decided traces are forgotten:

@@ -3,7 +3,7 @@
 Pure: no I/O except reading the policy and its context file when it is loaded.
 """
 
-from otel_plumb.check.decide import decide, late_span_could_clear, redaction_for
+from otel_plumb.check.decide import decide, late_span_could_change, redaction_for
 from otel_plumb.check.errors import PolicyError
 from otel_plumb.check.expr import BUDGET_EXCEEDED
 from otel_plumb.check.policy import CompiledInvariant, CompiledPolicy, budget_exceeded, load_policies, load_policy
@@ -15,7 +15,7 @@ __all__ = [
     "PolicyError",
     "budget_exceeded",
     "decide",
-    "late_span_could_clear",
+    "late_span_could_change",
     "load_policies",
     "load_policy",
     "redaction_for",

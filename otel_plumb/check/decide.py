@@ -32,16 +32,25 @@ def decide(policies: Iterable[CompiledPolicy], trajectory: Trajectory) -> Decide
     return Decided(trajectory, verdicts, [p.name for p in applied], status)
 
 
-def late_span_could_clear(policies: Iterable[CompiledPolicy], decided: Decided) -> bool:
-    """Whether a span not yet seen could turn a failure of ``decided`` into a pass: a
-    ``must_call``, ``precedes`` or ``call_count`` minimum, or a check reading other steps,
-    fails on what is missing, while a forbidden call or a budget crossed stays so whatever else
-    arrives. Its failing invariants are checked again as if spans may be missing from anywhere:
-    a failure that is then no longer one is not yet certain."""
+def late_span_could_change(policies: Iterable[CompiledPolicy], decided: Decided) -> bool:
+    """Whether a span not yet seen could change what ``decided`` says in a way that matters
+    (a complete trace's spans from another process, or resent after a lost acknowledgement,
+    arrive after ``idle_timeout``): clear a failure, give a span its missing parent, or give an
+    agent framework's trace the agent's spans (so far only, say, its root: not checked).
+
+    A failure is one a late span could clear when it rests on what is missing (``must_call``,
+    ``precedes``, ``call_count`` minimum, a check reading other steps), while a forbidden call
+    or a budget crossed stays so whatever else arrives: its failing invariants are checked
+    again as if spans may be missing from anywhere, and one that is then no longer a certain
+    fail could be cleared."""
+    t = decided.trajectory
+    if not decided.is_agent_run:
+        return any(st.framework for st in t.steps)
+    if not t.complete:
+        return t.incomplete_reason == MISSING_PARENT
     failing = {(v.policy, v.invariant) for v in decided.failures}
     if not failing:
         return False
-    t = decided.trajectory
     missing = dataclasses.replace(t, complete=False, incomplete_reason=MISSING_PARENT, problems=list(t.problems))
     names = {policy for policy, _ in failing}
     for p in policies:

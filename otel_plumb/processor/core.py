@@ -32,7 +32,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otel_plumb import tls
 from otel_plumb.assemble import AddOutcome, AssemblyLimits, Finished, build_trajectory
-from otel_plumb.check import CompiledPolicy, decide, late_span_could_clear, load_policies, redaction_for
+from otel_plumb.check import CompiledPolicy, decide, late_span_could_change, load_policies, redaction_for
 from otel_plumb.check.early import EarlyState, EarlyWatch, in_flight, new_early_failures
 from otel_plumb.configtypes import parse_hostport
 from otel_plumb.consistency import PathAgreement
@@ -738,14 +738,11 @@ class Processor:
             confirming = confirm and self._confirm and f.complete and not f.waited
             decided = decide(self.policies, self.intake.trajectory(f, keep_marks=confirming))
             if confirming:
-                if (
-                    decided.trajectory.complete and late_span_could_clear(self.policies, decided)
-                    and self.intake.wait_for_late_spans(f, now)
-                ):  # fmt: skip
+                if late_span_could_change(self.policies, decided) and self.intake.wait_for_late_spans(f, now):
                     continue  # undecided: nothing of it is counted, emitted or let go yet
                 self.intake.forget_marks(f)
-            elif f.waited:
-                outcome = "stood" if decided.status == "violating" else "cleared"
+            elif f.waited:  # what it waited for came, or did not
+                outcome = "stood" if late_span_could_change(self.policies, decided) else "cleared"
                 self.metrics.confirm_waits.labels("final", outcome).inc()
             last = max((self._last_arrival.pop(t, f.first_seen) for t in f.trace_ids), default=f.first_seen)
             early: set[tuple[str, str]] = set()
