@@ -25,6 +25,19 @@ from otel_plumb.replay import ReplayStats, iter_trajectories
 
 FIXTURES = Path(__file__).parent / "fixtures" / "frameworks"
 POLICY = FIXTURES / "refund-policy.yaml"
+# A second policy the fixtures break: every agent mails the customer, none escalates.
+BROKEN = """
+policy: strict
+invariants:
+  - {id: no-email, never_call: send_email}
+  - {id: escalate, must_call: escalate_to_human}
+"""
+
+
+def _policies(tmp_path: Path) -> list[Path]:
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(BROKEN)
+    return [POLICY, strict]
 
 
 def _trace_fixtures() -> list[Path]:
@@ -50,15 +63,15 @@ def _requests(paths: list[Path]) -> tuple[list[ExportTraceServiceRequest], list[
     return with_root, without
 
 
-def _failures(decided: Decided) -> frozenset[str]:
-    return frozenset(v.invariant for v in decided.failures)
+def _failures(decided: Decided) -> frozenset[tuple[str, str]]:
+    return frozenset((v.policy, v.invariant) for v in decided.failures)
 
 
-def _clean_delivery(paths: list[Path]) -> dict[str, tuple[str, frozenset[str]]]:
-    policy = load_policy(POLICY)
+def _clean_delivery(paths: list[Path], policy_files: list[Path]) -> dict[str, tuple[str, frozenset[tuple[str, str]]]]:
+    policies = [load_policy(p) for p in policy_files]
     out = {}
     for trajectory in iter_trajectories(paths, ReplayStats()):
-        decided = decide([policy], trajectory)
+        decided = decide(policies, trajectory)
         out[trajectory.trace_ids[0]] = (decided.status, _failures(decided))
     return out
 
@@ -67,7 +80,8 @@ async def _deliver(
     tmp_path: Path, paths: list[Path], confirm_wait: float, seed: int
 ) -> tuple[dict[str, Decided], dict[str, float]]:
     """The final decisions by trace id, and the final waits by outcome (stood, cleared)."""
-    processor = Processor(config(tmp_path, policies=[str(POLICY)], assembly={"confirm_wait": confirm_wait}))
+    policies = [str(p) for p in _policies(tmp_path)]
+    processor = Processor(config(tmp_path, policies=policies, assembly={"confirm_wait": confirm_wait}))
     decided: dict[str, Decided] = {}
     processor.on_decided(lambda d: decided.setdefault(d.trajectory.trace_ids[0], d))
     with_root, without = _requests(paths)
@@ -98,7 +112,7 @@ async def _deliver(
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_roots_first_and_late_batches_report_no_failure_a_clean_delivery_has_not(tmp_path: Path, seed: int):
     paths = _trace_fixtures()
-    clean = _clean_delivery(paths)
+    clean = _clean_delivery(paths, _policies(tmp_path))
     live, waits = await _deliver(tmp_path, paths, confirm_wait=3.0, seed=seed)
     assert set(live) <= set(clean)
     for trace_id, d in live.items():
@@ -106,6 +120,7 @@ async def test_roots_first_and_late_batches_report_no_failure_a_clean_delivery_h
         assert _failures(d) <= failures, (trace_id, d.trajectory.key)  # no violation that did not happen
         if d.status == "violating":  # and a page is the clean delivery's
             assert (d.status, _failures(d)) == (status, failures), trace_id
+    assert sum(d.status == "violating" for d in live.values()) >= len(clean) // 2  # the strict policy pages
     assert waits["cleared"] >= 1  # late batches did clear failures that were held for them
     # Unchecked: a trace whose root batch is the application's own span only, decided before
     # the agent's batches came (they are late spans, forwarded unchecked).
@@ -114,7 +129,7 @@ async def test_roots_first_and_late_batches_report_no_failure_a_clean_delivery_h
 
 async def test_without_the_wait_late_batches_turn_into_false_violations(tmp_path: Path):
     paths = _trace_fixtures()
-    clean = _clean_delivery(paths)
+    clean = _clean_delivery(paths, _policies(tmp_path))
     live, _ = await _deliver(tmp_path, paths, confirm_wait=0, seed=1)
     false = [t for t, d in live.items() if not _failures(d) <= clean[t][1]]
     assert false  # what confirm_wait prevents

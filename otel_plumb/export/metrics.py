@@ -132,15 +132,15 @@ class Metrics:
         self.buffered_bytes = Gauge(
             "plumb_buffered_bytes", "Estimated bytes held by spans buffered for assembly.", registry=r
         )
-        # Not in the fixed SPEC set: failures held for late spans (assembly.confirm_wait), and
-        # what came of them: "stood" (reported), "cleared" (a span that arrived in the wait
-        # undid it); "final" for complete trajectories, "early" for failures found in flight.
+        # Not in the fixed SPEC set: verdicts held for late spans (assembly.confirm_wait), and
+        # what came of them: "stood" (given as they were), "cleared" (a span that arrived in
+        # the wait changed them); "final" for complete traces, "early" for failures in flight.
         self.traces_waiting = Gauge(
             "plumb_traces_waiting", "Complete traces whose failure waits for late spans before it is reported.",
             registry=r,
         )  # fmt: skip
         self.confirm_waits = counter(
-            "plumb_confirm_waits", "Failures held for late spans, by kind (final, early) and outcome (stood, cleared).",
+            "plumb_confirm_waits", "Verdicts held for late spans, by kind (final, early) and outcome (stood, cleared).",
             ["kind", "outcome"],
         )  # fmt: skip
         # Not in the fixed SPEC set: what went wrong on the way out, and with the state directory.

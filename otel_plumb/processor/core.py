@@ -101,6 +101,10 @@ def load_policy_files(paths: Sequence[str]) -> list[CompiledPolicy]:
     return load_policies(list(paths)) if paths else []
 
 
+def _verdict_of(decided: Decided) -> tuple[str, frozenset[tuple[str, str]]]:
+    return decided.status, frozenset((v.policy, v.invariant) for v in decided.failures)
+
+
 @dataclass(slots=True)
 class _PendingEarly:
     deadline: float  # time.monotonic()
@@ -177,6 +181,8 @@ class Processor:
         # Early failures found, reported once they still hold confirm_wait later (a batch held
         # up by a retry may hold what undoes them): per trace, in deadline order.
         self._early_pending: dict[str, _PendingEarly] = {}
+        # Traces held for late spans (Assembler.wait_for_late_spans): the verdict they waited with.
+        self._waited: dict[str, tuple[str, frozenset[tuple[str, str]]]] = {}
         self._rooted: set[str] = set()
         self._incoming = 0  # spans of requests accepted but not yet buffered
         self._incoming_bytes = 0  # and their bytes (the memory limiter counts them too)
@@ -739,10 +745,12 @@ class Processor:
             decided = decide(self.policies, self.intake.trajectory(f, keep_marks=confirming))
             if confirming:
                 if late_span_could_change(self.policies, decided) and self.intake.wait_for_late_spans(f, now):
+                    self._waited[f.key] = _verdict_of(decided)
                     continue  # undecided: nothing of it is counted, emitted or let go yet
                 self.intake.forget_marks(f)
-            elif f.waited:  # what it waited for came, or did not
-                outcome = "stood" if late_span_could_change(self.policies, decided) else "cleared"
+            elif f.waited:  # did a span in the wait change its verdict?
+                before = self._waited.pop(f.key, None)
+                outcome = "stood" if before == _verdict_of(decided) else "cleared"
                 self.metrics.confirm_waits.labels("final", outcome).inc()
             last = max((self._last_arrival.pop(t, f.first_seen) for t in f.trace_ids), default=f.first_seen)
             early: set[tuple[str, str]] = set()
