@@ -59,3 +59,13 @@ def test_a_span_whose_parent_is_missing_could_get_it(tmp_path):
     spans = [_span("root", None, "agent"), _span("c", "gone", "tool")]
     decided = decide([p], build_trajectory("t", spans))
     assert decided.trajectory.incomplete_reason == "missing_parent" and late_span_could_change([p], decided)
+
+
+def test_a_span_named_after_a_tool_no_convention_reads_could_be_followed_by_the_call(tmp_path):
+    p = policy(tmp_path, "policy: t\ninvariants:\n  - {id: i, never_call: delete}\n")
+    name = "process delete request"
+    unread = NormalisedSpan(trace_id="t", span_id="u", parent_span_id="root", span_name=name, start_ns=1, end_ns=5,
+                            kind="other", name=name, convention="unknown")  # fmt: skip
+    decided = decide([p], build_trajectory("t", [_span("root", None, "agent"), unread]))
+    assert decided.status == "indeterminate" and late_span_could_change([p], decided)
+    assert not late_span_could_change([p], decide([p], build_trajectory("t", [_span("root", None, "agent")])))

@@ -113,18 +113,18 @@ async def _deliver(
 async def test_roots_first_and_late_batches_report_no_failure_a_clean_delivery_has_not(tmp_path: Path, seed: int):
     paths = _trace_fixtures()
     clean = _clean_delivery(paths, _policies(tmp_path))
-    live, waits = await _deliver(tmp_path, paths, confirm_wait=3.0, seed=seed)
+    live, waits = await _deliver(tmp_path, paths, confirm_wait=5.0, seed=seed)
     assert set(live) <= set(clean)
     for trace_id, d in live.items():
         status, failures = clean[trace_id]
         assert _failures(d) <= failures, (trace_id, d.trajectory.key)  # no violation that did not happen
-        if d.status == "violating":  # and a page is the clean delivery's
-            assert (d.status, _failures(d)) == (status, failures), trace_id
+        assert (d.status, _failures(d)) == (status, failures), trace_id  # the clean delivery's verdict
     assert sum(d.status == "violating" for d in live.values()) >= len(clean) // 2  # the strict policy pages
-    assert waits["cleared"] >= 1  # late batches did clear failures that were held for them
-    # Unchecked: a trace whose root batch is the application's own span only, decided before
-    # the agent's batches came (they are late spans, forwarded unchecked).
-    assert len(live) >= len(clean) - 2
+    assert waits["cleared"] >= len(live) // 2  # late batches changed the verdicts held for them
+    # Not decided as an agent's run (and so not on this callback): a trace whose root batch is
+    # the application's own span only, no framework's, decided before the agent's batches came
+    # (they are late spans, forwarded unchecked).
+    assert len(live) >= len(clean) - 1
 
 
 async def test_without_the_wait_late_batches_turn_into_false_violations(tmp_path: Path):

@@ -35,8 +35,9 @@ def decide(policies: Iterable[CompiledPolicy], trajectory: Trajectory) -> Decide
 def late_span_could_change(policies: Iterable[CompiledPolicy], decided: Decided) -> bool:
     """Whether a span not yet seen could change what ``decided`` says in a way that matters
     (a complete trace's spans from another process, or resent after a lost acknowledgement,
-    arrive after ``idle_timeout``): clear a failure, give a span its missing parent, or give an
-    agent framework's trace the agent's spans (so far only, say, its root: not checked).
+    arrive after ``idle_timeout``): clear a failure, give a span its missing parent, give an
+    agent framework's trace the agent's spans (so far only, say, its root: not checked), or
+    bring the call of a tool a span no convention reads is named after (so far indeterminate).
 
     A failure is one a late span could clear when it rests on what is missing (``must_call``,
     ``precedes``, ``call_count`` minimum, a check reading other steps), while a forbidden call
@@ -50,7 +51,10 @@ def late_span_could_change(policies: Iterable[CompiledPolicy], decided: Decided)
         return t.incomplete_reason == MISSING_PARENT
     failing = {(v.policy, v.invariant) for v in decided.failures}
     if not failing:
-        return False
+        applied = set(decided.policies)
+        return decided.status == "indeterminate" and any(
+            p.name in applied and p.unread_tool_span(t) is not None for p in policies
+        )
     missing = dataclasses.replace(t, complete=False, incomplete_reason=MISSING_PARENT, problems=list(t.problems))
     names = {policy for policy, _ in failing}
     for p in policies:
