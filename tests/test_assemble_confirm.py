@@ -63,14 +63,10 @@ def test_without_a_late_span_the_trace_is_let_go_at_the_end_of_the_wait() -> Non
     assert again.key == "t1" and again.waited and len(again.spans) == 2
 
 
-def test_a_waiting_trace_is_still_let_go_at_max_wait_by_eviction_and_when_drained() -> None:
+def test_a_waiting_trace_is_still_let_go_at_max_wait_and_when_drained() -> None:
     asm = Assembler(AssemblyLimits(idle_timeout_s=1.0, max_wait_s=3.0, confirm_wait_s=5.0))
     assert asm.wait_for_late_spans(_decided_once(asm), 1.0)
     assert [(f.key, f.incomplete_reason) for f in asm.due(3.0)] == [("t1", "max_wait")]
-    asm = Assembler(AssemblyLimits(idle_timeout_s=1.0, max_wait_s=100, max_traces=1, confirm_wait_s=5.0))
-    assert asm.wait_for_late_spans(_decided_once(asm), 1.0)
-    _, evicted = asm.add(ns("y", None, 0, trace="t2"), None, now=2.0)
-    assert [(f.key, f.complete) for f in evicted] == [("t1", False)]
     asm = Assembler(AssemblyLimits(idle_timeout_s=1.0, max_wait_s=100, confirm_wait_s=5.0))
     assert asm.wait_for_late_spans(_decided_once(asm), 1.0)
     assert [(f.key, f.complete) for f in asm.drain(2.0)] == [("t1", True)]
@@ -126,3 +122,12 @@ def test_however_traces_are_taken_back_every_span_is_let_go_once(ops: list[tuple
     finish(asm.drain(now), False)
     assert sorted(let_go) == sorted(taken)  # each once
     assert (asm.spans_buffered, asm.bytes_buffered, asm.traces_in_flight, asm.traces_waiting) == (0, 0, 0, 0)
+
+
+def test_to_make_room_a_trace_waiting_for_late_spans_goes_first_and_complete() -> None:
+    asm = Assembler(AssemblyLimits(idle_timeout_s=1.0, max_wait_s=100, max_traces=2, confirm_wait_s=5.0))
+    assert asm.wait_for_late_spans(_decided_once(asm), 1.0)
+    asm.add(ns("x", None, 0, trace="t2"), None, now=1.5)  # in flight, older than the next
+    _, let_go = asm.add(ns("y", None, 0, trace="t3"), None, now=2.0)
+    assert [(f.key, f.complete, f.waited) for f in let_go] == [("t1", True, True)]
+    assert asm.evictions == {} and asm.traces_in_flight == 2

@@ -441,8 +441,15 @@ class Assembler:
         return out
 
     def _evict(self, now: float) -> list[Finished]:
-        """Let go of one trace to make room: the oldest of the service holding the most traces
-        (the oldest of all when its service is one of those)."""
+        """Let go of one trace to make room: one waiting for late spans if any (it is complete:
+        its wait is cut short, it is not cut), else the oldest of the service holding the most
+        traces (the oldest of all when its service is one of those)."""
+        order = self._wait_order
+        while order:
+            until, tid = heapq.heappop(order)
+            if self._waiting.get(tid) == until:
+                del self._waiting[tid]
+                return self._finish(tid, now, complete=True, reason="span_limit")
         oldest = next(iter(self._traces))
         services = self._services
         tid = oldest if services.holds_most(self._traces[oldest].service) else services.oldest_of_largest()
