@@ -736,8 +736,9 @@ class Processor:
 
     async def _decide(self, finished: Iterable[Finished], *, confirm: bool = True) -> None:
         """Check each finished trajectory and hand the decisions to every consumer. With
-        ``confirm`` (not when draining), a complete trajectory with a failure a late span could
-        clear waits ``confirm_wait`` for one first (``Assembler.wait_for_late_spans``)."""
+        ``confirm`` (not when draining), a complete trace whose verdict a late span could change
+        (``late_span_could_change``) waits ``confirm_wait`` for one first
+        (``Assembler.wait_for_late_spans``)."""
         now = time.monotonic()
         decisions: list[Decision] = []
         for f in finished:
