@@ -178,7 +178,7 @@ class EarlyWatch:
         for a failure found."""
         rule = self._by_key.get((verdict.policy, verdict.invariant))
         if rule is None:
-            return True  # not an early rule of these policies (a tombstone's check)
+            return True  # no rule of these policies: nothing known against it
         if rule.applies and not all(g.matches_in_flight(services) for g in rule.applies):
             return False
         if not isinstance(rule.check, ck.Precedes):
