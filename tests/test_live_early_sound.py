@@ -15,7 +15,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import set_span_in_context
-from test_live_support import config, metric, scrape, wait_until
+from test_live_support import config, metric, scrape, wait_until, watch_records
 
 from otel_plumb.processor import Processor
 
@@ -91,30 +91,23 @@ async def _run(tmp_path: Path, *, lookup_first: bool, held: int = 0, confirm_wai
     path = tmp_path / "order.yaml"
     path.write_text(POLICY)
     processor = Processor(config(tmp_path, policies=[str(path)], assembly={"confirm_wait": confirm_wait}))
-    records: list[dict[str, Any]] = []
-
-    async def watch() -> None:
-        async for record in processor.hub.subscribe():
-            records.append(record)
-
     provider = TracerProvider(resource=Resource.create({"service.name": "ap-parallel"}))
     await processor.start()
     exporter = OTLPSpanExporter(endpoint=f"127.0.0.1:{processor.grpc_port}", insecure=True)
     provider.add_span_processor(SimpleSpanProcessor(HeldBack(exporter, held)))
     tracer = provider.get_tracer("ap-parallel")
-    watching = asyncio.create_task(watch())
     try:
-        run, end = await asyncio.to_thread(start_parallel_agent, tracer, lookup_first=lookup_first,
-                                           lookup_ends_first=lookup_ends_first)  # fmt: skip
-        other, other_end = await asyncio.to_thread(start_parallel_agent, tracer, lookup_first=True, pay_only=True)
-        other_id = format(other.get_span_context().trace_id, "032x")
-        await wait_until(lambda: any(r["trace_id"] == other_id for r in records), 10, "the second run's early verdict")
-        await asyncio.to_thread(run.end, end_time=end)
-        await asyncio.to_thread(other.end, end_time=other_end)
-        await wait_until(lambda: sum(r["decision"] == "final" for r in records) == 2, 10, "the final verdicts")
-        text = await asyncio.to_thread(scrape, processor.metrics_port)
+        async with watch_records(processor) as records:
+            run, end = await asyncio.to_thread(start_parallel_agent, tracer, lookup_first=lookup_first,
+                                               lookup_ends_first=lookup_ends_first)  # fmt: skip
+            other, other_end = await asyncio.to_thread(start_parallel_agent, tracer, lookup_first=True, pay_only=True)
+            other_id = format(other.get_span_context().trace_id, "032x")
+            await wait_until(lambda: any(r["trace_id"] == other_id for r in records), 10, "the second run's early")
+            await asyncio.to_thread(run.end, end_time=end)
+            await asyncio.to_thread(other.end, end_time=other_end)
+            await wait_until(lambda: sum(r["decision"] == "final" for r in records) == 2, 10, "the final verdicts")
+            text = await asyncio.to_thread(scrape, processor.metrics_port)
     finally:
-        watching.cancel()
         await asyncio.to_thread(provider.shutdown)
         await processor.stop()
     trace_id = format(run.get_span_context().trace_id, "032x")

@@ -14,7 +14,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.trace import set_span_in_context
-from test_live_support import config, metric, scrape, wait_until
+from test_live_support import config, metric, scrape, wait_until, watch_records
 
 from otel_plumb.processor import Processor
 
@@ -61,28 +61,21 @@ async def _run(tmp_path: Path, *, confirm_wait: float, sub_agent_checks: bool) -
     path = tmp_path / "checks.yaml"
     path.write_text(POLICY)
     processor = Processor(config(tmp_path, policies=[str(path)], assembly={"confirm_wait": confirm_wait}))
-    records: list[dict[str, Any]] = []
-
-    async def watch() -> None:
-        async for record in processor.hub.subscribe():
-            records.append(record)
-
     await processor.start()
-    watching = asyncio.create_task(watch())
     try:
-        checker = await asyncio.to_thread(run_agent, processor.grpc_port or 0, sub_agent_checks=sub_agent_checks)
-        if confirm_wait:
-            await wait_until(lambda: processor.intake.traces_waiting == 1, 10, "the failing trajectory to wait")
-            assert records == []  # nothing said of it while it waits
-            waiting = await asyncio.to_thread(scrape, processor.metrics_port)
-            assert metric(waiting, "plumb_traces_waiting") == 1 and metric(waiting, "plumb_violations_total") == 0
-        else:
-            await wait_until(lambda: records, 10, "the verdict without the sub-agent's spans")
-        await asyncio.to_thread(checker.shutdown)  # the other process's batch, late
-        await wait_until(lambda: any(r["decision"] == "final" for r in records), 10, "the final verdict")
-        text = await asyncio.to_thread(scrape, processor.metrics_port)
+        async with watch_records(processor) as records:
+            checker = await asyncio.to_thread(run_agent, processor.grpc_port or 0, sub_agent_checks=sub_agent_checks)
+            if confirm_wait:
+                await wait_until(lambda: processor.intake.traces_waiting == 1, 10, "the failing trajectory to wait")
+                assert records == []  # nothing said of it while it waits
+                waiting = await asyncio.to_thread(scrape, processor.metrics_port)
+                assert metric(waiting, "plumb_traces_waiting") == 1 and metric(waiting, "plumb_violations_total") == 0
+            else:
+                await wait_until(lambda: records, 10, "the verdict without the sub-agent's spans")
+            await asyncio.to_thread(checker.shutdown)  # the other process's batch, late
+            await wait_until(lambda: any(r["decision"] == "final" for r in records), 10, "the final verdict")
+            text = await asyncio.to_thread(scrape, processor.metrics_port)
     finally:
-        watching.cancel()
         await processor.stop()
     return records, text
 

@@ -4,6 +4,7 @@ instrumented agent on the real OTLP exporters, /metrics scraping, and waiting wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import socket
@@ -12,7 +13,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,22 @@ async def decide_demo_agent(processor: Processor, deadline: float = 30.0) -> lis
     await asyncio.to_thread(run_agent, provider)
     await wait_until(lambda: len(decided) == len(INVOICES), deadline, "every trajectory decided")
     return decided
+
+
+@contextlib.asynccontextmanager
+async def watch_records(processor: Processor) -> AsyncIterator[list[dict[str, Any]]]:
+    """The records the processor's Watch stream publishes (early and final) while in the block."""
+    records: list[dict[str, Any]] = []
+
+    async def watch() -> None:
+        async for record in processor.hub.subscribe():
+            records.append(record)
+
+    watching = asyncio.create_task(watch())
+    try:
+        yield records
+    finally:
+        watching.cancel()
 
 
 def sent_spans(memory: InMemorySpanExporter) -> dict[str, Span]:

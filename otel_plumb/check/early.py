@@ -103,22 +103,20 @@ class EarlyState:
         if len(span.requested_calls) > 1:
             self.reordered = True  # a turn of parallel calls runs in request order
 
-    # Over the names a check watches (one or two), not the trace's tools.
     def ok(self, tools: ck.Tools) -> int:
         """Successful calls of ``tools``: at least those among the steps."""
-        n = 0
-        for name in tools:
-            t = self.tools.get(name)
-            if t is not None:
-                n += t.ok
-        return n
+        return self._calls(tools, attempts=False)
 
     def tried(self, tools: ck.Tools) -> int:
+        return self._calls(tools, attempts=True)
+
+    # Over the names a check watches (one or two), not the trace's tools.
+    def _calls(self, tools: ck.Tools, *, attempts: bool) -> int:
         n = 0
         for name in tools:
             t = self.tools.get(name)
             if t is not None:
-                n += t.tried
+                n += t.tried if attempts else t.ok
         return n
 
     def first_ok(self, tools: ck.Tools) -> int:

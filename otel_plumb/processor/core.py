@@ -666,13 +666,13 @@ class Processor:
         wait = self.config.assembly.confirm_wait
         if not wait:
             return self._report_early(trace_id, state, frozenset(may_fail))
-        partial = in_flight(self._partial(trace_id))
-        found = new_early_failures(self.policies, partial, set(reported), frozenset(may_fail), self._early_watch,
-                                   state.services)  # fmt: skip
-        if found:
+        # Found now, reported (and added to ``reported``) only if it still holds at the deadline.
+        found = self._new_early_failures(trace_id, self._partial(trace_id), set(reported), state.services,
+                                         frozenset(may_fail))  # fmt: skip
+        if found is not None:
             # To the end of the deadline order: every failure pending for the trace waits from now.
             keys = self._early_pending.pop(trace_id).keys if pending else set()
-            keys.update((v.policy, v.invariant) for v in found)
+            keys.update((v.policy, v.invariant) for v in found.decided.verdicts)
             self._early_pending[trace_id] = _PendingEarly(time.monotonic() + wait, keys)
         return None
 
