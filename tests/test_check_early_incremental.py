@@ -190,3 +190,34 @@ def test_a_requested_call_and_its_tool_span_count_once():
     assert not watch.may_fail(state, set())  # the same call: the request is no step of its own now
     state.add(NormalisedSpan(span_id="p2", span_name="pay", start_ns=40, end_ns=50, kind="tool", name="pay", **common))
     assert watch.may_fail(state, set())  # a second call
+
+
+def test_a_precedes_failure_is_looked_for_once_its_turn_is_over():
+    """``pay`` without an earlier ``lookup`` fails only once ``pay``'s turn is over (a ``lookup``
+    beside it may have started earlier): until a model call after it or its parent arrives,
+    the counters say no, however many other spans arrive, so the partial trajectory is not
+    built on every request of a long turn."""
+    look_before_pay = next(p for p in POLICY_SETS if [i.id for i in p[0].invariants] == ["look-before-pay"])
+    watch = EarlyWatch(look_before_pay)
+    state = watch.state()
+    common = {"trace_id": "t", "convention": "test"}
+    state.add(NormalisedSpan(span_id="m1", parent_span_id="agent", span_name="chat", start_ns=0, end_ns=10,
+                             kind="llm", name="chat", **common))  # fmt: skip
+    state.add(NormalisedSpan(span_id="p1", parent_span_id="agent", span_name="pay", start_ns=20, end_ns=30,
+                             kind="tool", name="pay", **common))  # fmt: skip
+    assert not watch.may_fail(state, set())
+    for n in range(3):  # database spans under the call, a model call of another agent
+        state.add(NormalisedSpan(span_id=f"db{n}", parent_span_id="p1", span_name="SELECT", start_ns=21 + n,
+                                 end_ns=22 + n, kind="other", name="SELECT", **common))  # fmt: skip
+    state.add(NormalisedSpan(span_id="m2", parent_span_id="other-agent", span_name="chat", start_ns=40, end_ns=50,
+                             kind="llm", name="chat", **common))  # fmt: skip
+    assert not watch.may_fail(state, set())
+    state.add(NormalisedSpan(span_id="m3", parent_span_id="agent", span_name="chat", start_ns=40, end_ns=50,
+                             kind="llm", name="chat", **common))  # fmt: skip
+    assert watch.may_fail(state, set())  # the agent asked the model again: the turn is over
+    parent_first = watch.state()
+    parent_first.add(NormalisedSpan(span_id="agent", parent_span_id=None, span_name="agent", start_ns=0,
+                                    end_ns=100, kind="agent", name="a", **common))  # fmt: skip
+    parent_first.add(NormalisedSpan(span_id="p1", parent_span_id="agent", span_name="pay", start_ns=20, end_ns=30,
+                                    kind="tool", name="pay", **common))  # fmt: skip
+    assert watch.may_fail(parent_first, set())  # its parent is in: the turn is over

@@ -17,11 +17,12 @@ Incremental: per trace, counters updated as its spans arrive tell when a failure
 invariant has become possible, and only then is the partial trajectory built and checked, so
 the verdicts are those of that evaluation, message for message.
 
-Cost: ``EarlyState.add`` is O(1) per span; ``EarlyWatch.may_fail`` is O(early invariants x
-tools they name) per request touching the trace, whatever the trace's size. The partial
-trajectory (O(spans)) is built only on a request after which some early invariant not yet
-reported may fail, which for an invariant that does fail is once per trace (for ``precedes``,
-once per request until the turn is over); that keeps a trace of N spans in requests of k at
+Cost: ``EarlyState.add`` is O(1) per span (O(watched tools) while the turn of a tool's earliest
+successful call is not over); ``EarlyWatch.may_fail`` is O(early invariants x tools they name)
+per request touching the trace, whatever the trace's size. The partial trajectory (O(spans)) is
+built only on a request after which some early invariant not yet reported may fail, which for
+an invariant that does fail is once per trace (for ``precedes``, once its ``then`` call's turn
+is over, unless the order may be rearranged); that keeps a trace of N spans in requests of k at
 O(N), not O(N^2 / k). Only the invariants that may fail are checked on it.
 
 What ``may_fail`` says is a necessary condition of a fail, from what building a trajectory
@@ -31,7 +32,9 @@ recorded twice counts once), and take tokens away, so counts and totals over the
 those over the steps. Order is by start time, so for ``precedes`` a first successful ``then``
 that starts no later than every successful ``first`` is necessary, unless the order or the
 kinds may be rearranged (a turn of parallel calls put in request order, an agent span under
-another span): then any successful ``then`` call is.
+another span): then any successful ``then`` call is. And since that earliest ``then`` call is the
+one a fail names, its turn being over, as ``stands`` asks, is necessary too (unless another
+``then`` call started at the same time: either may be first).
 """
 
 from __future__ import annotations
@@ -49,19 +52,24 @@ _NEVER = 1 << 62  # no such call yet: later than any start time
 
 @dataclass(slots=True)
 class _Tool:
-    """One watched tool name in one trace: successful calls, attempts, and the earliest start of
-    a successful call."""
+    """One watched tool name in one trace: successful calls, attempts, the earliest start of a
+    successful call, and of that call: its parent, its end, whether another successful call
+    started at the same time, and whether its turn is over (``EarlyWatch.stands``)."""
 
     ok: int = 0
     tried: int = 0
     first_ok: int = _NEVER
+    first_parent: str | None = None
+    first_end: int = 0
+    first_tied: bool = False
+    turn_over: bool = False
 
 
 class EarlyState:
     """What the early invariants need to know of one trace in flight, updated span by span."""
 
-    __slots__ = ("end", "llm_spans", "reordered", "services", "spans", "start", "tokens", "tool_errors",
-                 "tool_spans", "tools", "watched")  # fmt: skip
+    __slots__ = ("end", "latest_llm", "llm_spans", "open_turns", "reordered", "services", "span_ids", "spans",
+                 "start", "tokens", "tool_errors", "tool_spans", "tools", "watched")  # fmt: skip
 
     def __init__(self, watched: frozenset[str]) -> None:
         self.watched = watched
@@ -72,6 +80,11 @@ class EarlyState:
         self.tools: dict[str, _Tool] = {}
         # The services its spans came from (for applies_to).
         self.services: set[str] = set()
+        # For the turns of the earliest successful calls: the spans arrived, the latest start of
+        # a model call under each parent, and how many of those turns are not over yet.
+        self.span_ids: set[str] = set()
+        self.latest_llm: dict[str | None, int] = {}
+        self.open_turns = 0
 
     def add(self, span: NormalisedSpan) -> None:
         """Count one span taken into the trace's buffer (each span once: duplicates are not)."""
@@ -83,7 +96,10 @@ class EarlyState:
         if span.tokens is not None:
             self.tokens += span.tokens
         self.services.add(str(span.attributes.get("service.name", "")))
+        self.span_ids.add(span.span_id)
         kind = span.kind
+        if self.open_turns:
+            self._end_turns(span)
         if kind == "tool":
             self.tool_spans += 1
             if span.error is not None:
@@ -95,13 +111,50 @@ class EarlyState:
                 tool.tried += 1
                 if span.error is None:
                     tool.ok += 1
-                    tool.first_ok = min(tool.first_ok, span.start_ns)
+                    if span.start_ns < tool.first_ok:
+                        self._first_call(tool, span)
+                    elif span.start_ns == tool.first_ok:
+                        tool.first_tied = True
         elif kind == "llm":
             self.llm_spans += 1
+            parent = span.parent_span_id
+            if span.start_ns > self.latest_llm.get(parent, -_NEVER):
+                self.latest_llm[parent] = span.start_ns
         elif kind == "agent" and span.parent_span_id is not None:
             self.reordered = True  # it may be a tool's run: that tool call becomes another kind
         if len(span.requested_calls) > 1:
             self.reordered = True  # a turn of parallel calls runs in request order
+
+    def _first_call(self, tool: _Tool, span: NormalisedSpan) -> None:
+        """``span``, a successful call of ``tool``, started before every other one so far."""
+        if not tool.turn_over and tool.first_ok != _NEVER:
+            self.open_turns -= 1
+        parent = span.parent_span_id
+        tool.first_ok, tool.first_parent, tool.first_end, tool.first_tied = span.start_ns, parent, span.end_ns, False
+        tool.turn_over = (parent is not None and parent in self.span_ids) or self.latest_llm.get(
+            parent, -_NEVER
+        ) >= span.end_ns
+        if not tool.turn_over:
+            self.open_turns += 1
+
+    def _end_turns(self, span: NormalisedSpan) -> None:
+        """The turns ``span`` ends: its children's (a parent ends after them), and its siblings'
+        that ended before it started, if it is a model call (the agent asks again)."""
+        llm = span.kind == "llm"
+        for tool in self.tools.values():
+            if not tool.turn_over and tool.first_ok != _NEVER and (
+                span.span_id == tool.first_parent
+                or (llm and span.parent_span_id == tool.first_parent and span.start_ns >= tool.first_end)
+            ):
+                tool.turn_over = True
+                self.open_turns -= 1
+
+    def turn_over(self, tools: ck.Tools) -> bool:
+        """Whether the turn of the earliest successful call of ``tools`` may be over: it is,
+        or which call that is is not certain (another started at the same time)."""
+        earliest = self.first_ok(tools)
+        calls = [t for name in tools if (t := self.tools.get(name)) is not None and t.first_ok == earliest]
+        return len(calls) != 1 or calls[0].first_tied or calls[0].turn_over
 
     def ok(self, tools: ck.Tools) -> int:
         """Successful calls of ``tools``: at least those among the steps."""
@@ -269,7 +322,9 @@ def _may_fail(check: ck.Check, *, scoped: bool) -> Callable[[EarlyState], bool]:
             at = s.first_ok(then)
             if at == _NEVER:
                 return False
-            return anywhere or s.reordered or at <= s.first_ok(first)
+            # In start order, the failing call is the earliest successful ``then`` call: its
+            # failure stands once its turn is over.
+            return anywhere or s.reordered or (at <= s.first_ok(first) and s.turn_over(then))
 
         return precedes
     if isinstance(check, ck.Budget):
