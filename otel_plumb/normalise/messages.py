@@ -42,6 +42,7 @@ _CONTAINER_KEYS = (
 # Their order of descent, looked up from a node's own keys (a message has a few keys; there
 # are fifteen containers, and every model call's messages are walked).
 _CONTAINER_ORDER = {key: i for i, key in enumerate(_CONTAINER_KEYS)}
+_CONTAINER_SET = frozenset(_CONTAINER_KEYS)
 _MAX_DEPTH = 8
 _CALL_TYPES = frozenset({"tool_call", "function_call", "tool-call", "tool_use", "function"})
 _RESULT_TYPES = frozenset({"tool_call_response", "tool-result", "tool_result", "function_call_output"})
@@ -78,12 +79,16 @@ def _calls(node: Any, depth: int) -> Iterator[RequestedCall]:
         yield from _calls(child, depth + 1)
 
 
-def _containers(node: dict[str, Any]) -> list[Any]:
+def _containers(node: dict[str, Any]) -> list[Any] | tuple[Any, ...]:
     """The node's lists and objects under container keys, in ``_CONTAINER_KEYS`` order."""
-    keys = [key for key in node if key in _CONTAINER_ORDER]
-    if len(keys) > 1:
-        keys.sort(key=_CONTAINER_ORDER.__getitem__)
-    return [child for key in keys if isinstance(child := node[key], (list, dict))]
+    keys = _CONTAINER_SET.intersection(node)  # in C: every message and part is walked
+    if len(keys) == 1:
+        child = node[next(iter(keys))]
+        return (child,) if isinstance(child, (list, dict)) else ()
+    if not keys:
+        return ()
+    ordered = sorted(keys, key=_CONTAINER_ORDER.__getitem__)
+    return [child for key in ordered if isinstance(child := node[key], (list, dict))]
 
 
 def _as_call(node: dict[str, Any]) -> RequestedCall | None:
@@ -169,13 +174,16 @@ def _results(node: Any, out: dict[str, Any], depth: int) -> None:
 
 
 def _as_result(node: dict[str, Any]) -> tuple[str, Any] | None:
-    for wrapper in ("toolResult", "functionResponse", "function_response"):
+    kind = node.get("type")
+    tool_like = kind == "tool" or node.get("role") == "tool" or (isinstance(kind, str) and kind in _RESULT_TYPES)
+    if not tool_like and _RESULT_WRAPPER_KEYS.isdisjoint(node):
+        return None  # the usual message or part: nothing a result has (a quick look first)
+    for wrapper in _RESULT_WRAPPERS:
         inner = node.get(wrapper)
         if isinstance(inner, dict):
             call_id = _call_id(inner)
             if call_id is not None:
                 return call_id, _decoded(_first(inner, ("content", "response", "output")))
-    kind = node.get("type")
     if isinstance(kind, str) and kind in _RESULT_TYPES:  # "type" may be anything in hostile input
         call_id = _call_id(node) or _str(node.get("tool_use_id"))
         if call_id is not None:
@@ -188,6 +196,8 @@ def _as_result(node: dict[str, Any]) -> tuple[str, Any] | None:
     return None
 
 
+_RESULT_WRAPPERS = ("toolResult", "functionResponse", "function_response")
+_RESULT_WRAPPER_KEYS = frozenset(_RESULT_WRAPPERS)
 _NOT_CAPTURED = object()
 
 
