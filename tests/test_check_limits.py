@@ -8,10 +8,12 @@ import time
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 from test_check_support import one, policy, step, trajectory
 
 from otel_plumb.check import BUDGET_EXCEEDED, PolicyError, budget_exceeded
-from otel_plumb.check.expr import COST_BUDGET, MAX_NESTING, Expression, ExpressionError
+from otel_plumb.check.expr import COST_BUDGET, MAX_NESTING, Expression, ExpressionError, measure
 from otel_plumb.check.policy import compile_regex, glob_regex
 from otel_plumb.cli.main import cli
 
@@ -170,3 +172,33 @@ def test_applies_to_globs_match_as_fnmatch(pattern):
     for name in ["invoice-1", "invoice-", "abc", "ayz", "xyz", "]b", "ab", "x[", "a.bzz", "aXb", "", "^", "b",
                  "line\nbreak", "cab"]:  # fmt: skip
         assert (regex.search(name) is not None) == fnmatch.fnmatchcase(name, pattern), (pattern, name)
+
+
+values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=3) | st.binary(max_size=2),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=2), inner, max_size=5)
+    | st.tuples(inner, inner),
+    max_leaves=40,
+)
+
+
+def _values_and_largest(value: object) -> tuple[int, int]:
+    """What converting ``value`` into CEL costs, counted plainly: every value, nested or not,
+    and the length of the biggest list or map."""
+    if isinstance(value, dict):
+        inner = [_values_and_largest(v) for v in value.values()]
+    elif isinstance(value, list | tuple):
+        inner = [_values_and_largest(v) for v in value]
+    else:
+        return 1, 0
+    return 1 + sum(n for n, _ in inner), max([len(value), *(big for _, big in inner)])
+
+
+@given(values, st.integers(1, 60))
+def test_the_cost_of_converting_a_value_is_its_count_of_values_or_the_limit(value, limit):
+    values_, largest = _values_and_largest(value)
+    if values_ <= limit:
+        assert measure(value, limit) == (values_, largest)
+    else:  # past the limit, the worst is assumed
+        n, big = measure(value, limit)
+        assert n == limit and big >= limit

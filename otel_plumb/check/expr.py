@@ -243,11 +243,23 @@ def measure(value: Any, limit: int = 1_000_000) -> tuple[int, int]:
             return limit, max(largest, limit)
         v = todo.pop()
         seen += 1
-        if isinstance(v, dict):
-            largest = max(largest, len(v))
-            todo.extend(v.values())
-        elif isinstance(v, list | tuple):
-            largest = max(largest, len(v))
+        t = type(v)
+        if t is dict or (t is not list and t is not tuple and isinstance(v, dict)):
+            n = len(v)
+            if seen + n > limit:
+                return limit, max(largest, n, limit)
+            if n > largest:
+                largest = n
+            # A map's scalars are counted here, not pushed: most step maps hold nothing else.
+            for x in v.values():
+                tx = type(x)
+                if tx is str or tx is int or tx is float or tx is bool or x is None:
+                    seen += 1
+                else:
+                    todo.append(x)
+        elif t is list or t is tuple or isinstance(v, list | tuple):
+            if len(v) > largest:
+                largest = len(v)
             todo.extend(v)
     return seen, largest
 
