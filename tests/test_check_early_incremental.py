@@ -28,6 +28,7 @@ invariants:
   - {id: look-before-pay, precedes: {first: lookup, then: pay}}
   - {id: check-before-pay-after-look, precedes: {first: check, then: pay}, scope: {after: lookup}}
   - {id: handoff-before-pay, precedes: {first: transfer_to_billing, then: pay}}
+  - {id: pay-before-handoff, precedes: {first: pay, then: [transfer_to_billing, check]}}
   - {id: small, budget: {max_steps: 9, max_tool_errors: 1}}
   - {id: quick, budget: {max_duration_ms: 0.03, max_tokens: 60}}
   - {id: few-calls, budget: {max_tool_calls: 4, max_llm_calls: 2}}

@@ -317,14 +317,18 @@ def _may_fail(check: ck.Check, *, scoped: bool) -> Callable[[EarlyState], bool]:
         first, then = check.first, check.then
         # A scope cuts the ``first`` calls before its opening off; reordering may move them.
         anywhere = scoped or _handoff_named(first)
+        # A handoff call is no tool step: the earliest ``then`` call may not be the one a fail names.
+        by_turn = not _handoff_named(then)
 
         def precedes(s: EarlyState) -> bool:
             at = s.first_ok(then)
             if at == _NEVER:
                 return False
+            if anywhere or s.reordered:
+                return True
             # In start order, the failing call is the earliest successful ``then`` call: its
             # failure stands once its turn is over.
-            return anywhere or s.reordered or (at <= s.first_ok(first) and s.turn_over(then))
+            return at <= s.first_ok(first) and (not by_turn or s.turn_over(then))
 
         return precedes
     if isinstance(check, ck.Budget):
