@@ -222,3 +222,24 @@ def test_a_precedes_failure_is_looked_for_once_its_turn_is_over():
     parent_first.add(NormalisedSpan(span_id="p1", parent_span_id="agent", span_name="pay", start_ns=20, end_ns=30,
                                     kind="tool", name="pay", **common))  # fmt: skip
     assert watch.may_fail(parent_first, set())  # its parent is in: the turn is over
+
+
+def test_a_handoff_call_among_the_then_tools_does_not_hold_a_failure_back():
+    """A ``transfer_to_<agent>`` call is no tool step in flight: when it is the earliest ``then``
+    call, the fail names a later one, whose turn is what counts."""
+    which = next(i for i, p in enumerate(POLICY_SETS) if [v.id for v in p[0].invariants] == ["pay-before-handoff"])
+    watch = WATCHES[which]
+    common = {"trace_id": "t", "convention": "test"}
+    spans = [
+        NormalisedSpan(span_id="h1", parent_span_id="p", span_name="transfer", start_ns=10, end_ns=15, kind="tool",
+                       name="transfer_to_billing", **common),
+        NormalisedSpan(span_id="c1", parent_span_id="q", span_name="check", start_ns=20, end_ns=25, kind="tool",
+                       name="check", **common),
+        NormalisedSpan(span_id="m1", parent_span_id="q", span_name="chat", start_ns=30, end_ns=35, kind="llm",
+                       name="chat", **common),
+    ]  # fmt: skip
+    state = watch.state()
+    for span in spans:
+        state.add(span)
+    assert [v.span_id for v in _new_failures(which, spans, set())] == ["c1"]
+    assert watch.may_fail(state, set())
