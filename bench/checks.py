@@ -18,7 +18,9 @@ the smallest figure and of the last to the first (flat: near 1, or below where a
 request or per trajectory is spread over more steps):
   - ingest with early checks: a live processor (no listeners) takes one trace in requests of 10
     spans, the root last, under a 10-invariant policy whose early invariants never fail:
-    microseconds per span (decoding and normalising included, the same at every size);
+    microseconds per span (decoding and normalising included, the same at every size); and the
+    same with each model call asking for two tool calls at once (parallel calls: the counters
+    cannot rule a ``precedes`` out, so it is checked again as the trace grows);
   - CEL: ``size(steps.filter(s, s.kind == 'tool')) > 0`` on the trajectory, per step;
   - arg_equals from an earlier step (every other step a call it checks), per step;
   - Assembler.due: milliseconds per tick with that many idle traces waiting for their root.
@@ -149,9 +151,10 @@ def _load_text(text: str) -> CompiledPolicy:
         return load_policy(path)
 
 
-def _ingest_us_per_span(n: int, policy: CompiledPolicy) -> float:
+def _ingest_us_per_span(n: int, policy: CompiledPolicy, *, parallel: bool = False) -> float:
     """A live processor taking traces of ``n`` spans in requests of 10, each root last: CPU per
-    span (over 5,000 spans at least, one trace after another)."""
+    span (over 5,000 spans at least, one trace after another). ``parallel``: each model call
+    asks for two tool calls at once (so the step order is not start order)."""
     import asyncio
 
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -162,7 +165,7 @@ def _ingest_us_per_span(n: int, policy: CompiledPolicy) -> float:
     requests: list[ExportTraceServiceRequest] = []
     traces = max(1, 5000 // n)
     for _ in range(traces):
-        requests.extend(_trace_requests(n))
+        requests.extend(_trace_requests(n, parallel))
 
     async def run() -> float:
         config = load_config(None, {
@@ -184,8 +187,9 @@ def _ingest_us_per_span(n: int, policy: CompiledPolicy) -> float:
     return asyncio.run(run())
 
 
-def _trace_requests(n: int) -> list[Any]:
-    """One trace of ``n`` spans as requests of 10 spans, the root alone in the last."""
+def _trace_requests(n: int, parallel: bool = False) -> list[Any]:
+    """One trace of ``n`` spans as requests of 10 spans, the root alone in the last; with
+    ``parallel``, each model call asks for the two tool calls after it."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     tid = random.randbytes(16)
@@ -202,6 +206,11 @@ def _trace_requests(n: int) -> list[Any]:
                 span.name = "chat m"
                 span.attributes.add(key="gen_ai.operation.name").value.string_value = "chat"
                 span.attributes.add(key="gen_ai.usage.input_tokens").value.int_value = 10
+                if parallel:
+                    calls = [{"type": "tool_call", "id": f"c{i}_{k}", "name": SWEEP_TOOLS[(i // 2 + k) % 4][0],
+                              "arguments": {}} for k in (1, 2)]  # fmt: skip
+                    output = json.dumps([{"role": "assistant", "parts": calls}])
+                    span.attributes.add(key="gen_ai.output.messages").value.string_value = output
                 continue
             span.name = f"execute_tool {tool}"
             for key, value in (("gen_ai.operation.name", "execute_tool"), ("gen_ai.tool.name", tool),
@@ -277,6 +286,8 @@ def sweep(repeat: int) -> None:
     try:
         rows.append(("ingest with early checks", "us/span",
                      [(n, median(lambda n=n: _ingest_us_per_span(n, policy))) for n in sizes]))  # fmt: skip
+        parallel = [(n, median(lambda n=n: _ingest_us_per_span(n, policy, parallel=True))) for n in sizes]
+        rows.append(("... with parallel calls", "us/span", parallel))
         trajectories = {n: _trajectory(n) for n in sizes}
         for name, only in (("CEL steps.filter", cel_only), ("arg_equals from a step", arg_only)):
             points = [(n, median(lambda n=n, p=only: _evaluate_us_per_step(p, trajectories[n]))) for n in sizes]

@@ -68,8 +68,9 @@ class _Tool:
 class EarlyState:
     """What the early invariants need to know of one trace in flight, updated span by span."""
 
-    __slots__ = ("end", "latest_llm", "llm_spans", "open_turns", "reordered", "services", "span_ids", "spans",
-                 "start", "tokens", "tool_errors", "tool_spans", "tools", "watched")  # fmt: skip
+    __slots__ = ("end", "fruitless", "latest_llm", "llm_spans", "open_turns", "recheck_at", "reordered",
+                 "services", "span_ids", "spans", "start", "tokens", "tool_errors", "tool_spans", "tools",
+                 "watched")  # fmt: skip
 
     def __init__(self, watched: frozenset[str]) -> None:
         self.watched = watched
@@ -85,6 +86,10 @@ class EarlyState:
         self.span_ids: set[str] = set()
         self.latest_llm: dict[str | None, int] = {}
         self.open_turns = 0
+        # The invariants the last check on the partial trajectory found no new failure of, and
+        # the span count at which they are worth checking again (``worth_checking``).
+        self.fruitless: frozenset[tuple[str, str]] = frozenset()
+        self.recheck_at = 0
 
     def add(self, span: NormalisedSpan) -> None:
         """Count one span taken into the trace's buffer (each span once: duplicates are not)."""
@@ -155,6 +160,21 @@ class EarlyState:
         earliest = self.first_ok(tools)
         calls = [t for name in tools if (t := self.tools.get(name)) is not None and t.first_ok == earliest]
         return len(calls) != 1 or calls[0].first_tied or calls[0].turn_over
+
+    def worth_checking(self, may_fail: Collection[tuple[str, str]]) -> bool:
+        """Whether to build and check the partial trajectory for ``may_fail`` now. The counters
+        over-approximate (see the module docstring): where they say an invariant may fail and
+        the check finds it does not (a trace of parallel calls, whose step order is not start
+        order; a call a sub-agent ran, which is no tool step), they say so again on every
+        request. Such invariants are checked again once the trace has grown by a quarter, or at
+        once with any other: so each costs O(N) over a trace of N spans, not O(N) per request.
+        A failure is reported that much later at most (or by the full evaluation)."""
+        return self.spans >= self.recheck_at or not self.fruitless.issuperset(may_fail)
+
+    def checked(self, may_fail: Collection[tuple[str, str]], found: Collection[tuple[str, str]]) -> None:
+        """The partial trajectory was checked for ``may_fail``, and ``found`` failed."""
+        self.fruitless = frozenset(may_fail).difference(found)
+        self.recheck_at = self.spans + max(1, self.spans // 4)
 
     def ok(self, tools: ck.Tools) -> int:
         """Successful calls of ``tools``: at least those among the steps."""

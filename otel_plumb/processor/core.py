@@ -105,6 +105,11 @@ def _verdict_of(decided: Decided) -> tuple[str, frozenset[tuple[str, str]]]:
     return decided.status, frozenset((v.policy, v.invariant) for v in decided.failures)
 
 
+def _keys(decision: Decision | None) -> set[tuple[str, str]]:
+    """The (policy, invariant) keys of an early decision's failures."""
+    return set() if decision is None else {(v.policy, v.invariant) for v in decision.decided.verdicts}
+
+
 @dataclass(slots=True)
 class _PendingEarly:
     deadline: float  # time.monotonic()
@@ -661,18 +666,21 @@ class Processor:
         reported: set[tuple[str, str]] | frozenset[tuple[str, str]] = self._early.get(trace_id, frozenset())
         pending = self._early_pending.get(trace_id)
         may_fail = self._early_watch.may_fail(state, reported | pending.keys if pending else reported)
-        if not may_fail:
+        if not may_fail or not state.worth_checking(may_fail):
             return None
         wait = self.config.assembly.confirm_wait
         if not wait:
-            return self._report_early(trace_id, state, frozenset(may_fail))
+            decision = self._report_early(trace_id, state, frozenset(may_fail))
+            state.checked(may_fail, _keys(decision))
+            return decision
         # Found now, reported (and added to ``reported``) only if it still holds at the deadline.
         found = self._new_early_failures(trace_id, self._partial(trace_id), set(reported), state.services,
                                          frozenset(may_fail))  # fmt: skip
+        state.checked(may_fail, _keys(found))
         if found is not None:
             # To the end of the deadline order: every failure pending for the trace waits from now.
             keys = self._early_pending.pop(trace_id).keys if pending else set()
-            keys.update((v.policy, v.invariant) for v in found.decided.verdicts)
+            keys.update(_keys(found))
             self._early_pending[trace_id] = _PendingEarly(time.monotonic() + wait, keys)
         return None
 
