@@ -22,8 +22,10 @@ successful call is not over); ``EarlyWatch.may_fail`` is O(early invariants x to
 per request touching the trace, whatever the trace's size. The partial trajectory (O(spans)) is
 built only on a request after which some early invariant not yet reported may fail, which for
 an invariant that does fail is once per trace (for ``precedes``, once its ``then`` call's turn
-is over, unless the order may be rearranged); that keeps a trace of N spans in requests of k at
-O(N), not O(N^2 / k). Only the invariants that may fail are checked on it.
+is over, unless the order may be rearranged); where the counters cannot rule a failure out and
+the check finds none, once more each time the trace has grown by a quarter
+(``EarlyState.worth_checking``). That keeps a trace of N spans in requests of k at O(N), not
+O(N^2 / k). Only the invariants that may fail are checked on it.
 
 What ``may_fail`` says is a necessary condition of a fail, from what building a trajectory
 and ``in_flight`` can do to the steps: they only ever remove tool calls (a tool that ran
