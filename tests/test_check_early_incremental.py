@@ -243,3 +243,22 @@ def test_a_handoff_call_among_the_then_tools_does_not_hold_a_failure_back():
         state.add(span)
     assert [v.span_id for v in _new_failures(which, spans, set())] == ["c1"]
     assert watch.may_fail(state, set())
+
+
+def test_a_call_at_the_last_representable_time_is_counted():
+    """Start times are unsigned 64-bit in OTLP: a call at any of them (garbage clocks included)
+    is a call the counters know of."""
+    which = next(i for i, p in enumerate(POLICY_SETS) if [v.id for v in p[0].invariants] == ["look-before-pay"])
+    common = {"trace_id": "t", "convention": "test"}
+    late = 2**64 - 20
+    spans = [
+        NormalisedSpan(span_id="a", parent_span_id=None, span_name="agent", start_ns=late - 5, end_ns=late + 19,
+                       kind="agent", name="a", **common),
+        NormalisedSpan(span_id="p", parent_span_id="a", span_name="pay", start_ns=late, end_ns=late + 10,
+                       kind="tool", name="pay", **common),
+    ]  # fmt: skip
+    state = WATCHES[which].state()
+    for span in spans:
+        state.add(span)
+    assert [v.span_id for v in _new_failures(which, spans, set())] == ["p"]
+    assert WATCHES[which].may_fail(state, set())

@@ -49,7 +49,7 @@ from otel_plumb.check.policy import CompiledInvariant, CompiledPolicy, Glob
 from otel_plumb.model.trajectory import HANDOFF_TOOLS, TRANSFER_PREFIX, NormalisedSpan, Step, Trajectory
 from otel_plumb.model.verdict import Verdict
 
-_NEVER = 1 << 62  # no such call yet: later than any start time
+_NEVER = 1 << 64  # no such call yet: later than any start time (OTLP times are 64-bit)
 
 
 @dataclass(slots=True)
