@@ -138,9 +138,8 @@ class EarlyState:
             self.open_turns -= 1
         parent = span.parent_span_id
         tool.first_ok, tool.first_parent, tool.first_end, tool.first_tied = span.start_ns, parent, span.end_ns, False
-        tool.turn_over = (parent is not None and parent in self.span_ids) or self.latest_llm.get(
-            parent, -_NEVER
-        ) >= span.end_ns
+        parent_arrived = parent is not None and parent in self.span_ids
+        tool.turn_over = parent_arrived or self.latest_llm.get(parent, -_NEVER) >= span.end_ns
         if not tool.turn_over:
             self.open_turns += 1
 
