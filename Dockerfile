@@ -6,9 +6,10 @@
 # replaces it:
 #   docker run -p 4317:4317 -v $PWD/plumb.yaml:/etc/otel-plumb/plumb.yaml:ro otel-plumb \
 #     run --config /etc/otel-plumb/plumb.yaml --state-dir /var/lib/otel-plumb
-# The builder has the C compiler for the native OTLP decoder (otel_plumb/receive/_otlp_native.c);
-# the image it feeds has none. The build fails if the decoder did not compile (an install
-# without a compiler would quietly fall back to the slower pure-Python decoder).
+# The builder has the C compiler for the native OTLP decoder (otel_plumb/receive/_otlp_native.c)
+# and the core modules mypyc compiles (setup.py); the image it feeds has none. The build fails if
+# either did not compile (an install without a compiler would quietly fall back to the slower
+# pure-Python code).
 FROM python:3.11-slim AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
@@ -18,7 +19,8 @@ COPY pyproject.toml setup.py README.md ./
 COPY otel_plumb ./otel_plumb
 RUN pip install --no-cache-dir --prefix=/install . \
  && PYTHONPATH=/install/lib/python3.11/site-packages python -c \
-    "from otel_plumb.receive import otlp; assert otlp.DECODER == 'native', otlp.DECODER_DETAIL"
+    "import otel_plumb; from otel_plumb.receive import otlp; assert otlp.DECODER == 'native', otlp.DECODER_DETAIL; \
+     assert otel_plumb.core() == 'compiled'"
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -57,6 +57,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+import otel_plumb
+from otel_plumb.receive import otlp
 from otel_plumb.receive.grpc_server import SERVICE
 
 METHOD = f"/{SERVICE}/Export"
@@ -404,6 +406,7 @@ async def stop_processor(proc: subprocess.Popen[bytes], sink: Sink) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
+    print(f"processor: {builds()}")
     print(f"building {args.requests} requests of {TRACES_PER_REQUEST * SPANS_PER_TRACE} spans ...", flush=True)
     requests = [build_request(n) for n in range(args.requests)]
     total = args.requests * TRACES_PER_REQUEST * SPANS_PER_TRACE
@@ -546,8 +549,15 @@ def realistic_shape(point: str | None, value: int, args: argparse.Namespace) -> 
     return traces, per_trace, in_flight, payload
 
 
+def builds() -> str:
+    """The compiled parts the processor runs (``OTEL_PLUMB_PURE_PYTHON=1`` in this environment
+    reaches it too)."""
+    return f"decoder {otlp.DECODER}, core {otel_plumb.core()}"
+
+
 async def realistic_main(args: argparse.Namespace) -> None:
     points: list[tuple[str | None, int]] = [(args.sweep, v) for v in SWEEPS[args.sweep]] if args.sweep else [(None, 0)]
+    print(f"processor: {builds()}")
     print(f"realistic delivery: requests of up to {REALISTIC_BATCH} spans across the traces in flight, roots in a "
           f"later request, 20% HTTP/DB spans; policy of 10 invariants (one CEL), annotate export to a sink; "
           f"measured after {args.warm_up} warm-up wave(s) of other traces; median of {args.repeat} round(s) over "

@@ -8,8 +8,9 @@ then measures, each in its own child process and the median of ``--runs`` runs:
 - read: the file to SpanRecords (decode only);
 - replay: read + normalise + assemble, the pipeline ``otel-plumb replay`` runs;
 
-read and replay both with the native decoder and with the pure-Python one
-(``OTEL_PLUMB_PURE_PYTHON=1``), side by side, with their ratio to plain parse in the same run,
+read and replay both native (the compiled decoder, and the core compiled by mypyc when the
+install built it) and pure Python (``OTEL_PLUMB_PURE_PYTHON=1``: the same modules interpreted),
+side by side, with their ratio to plain parse in the same run,
 and the replay's peak RSS against the file size.
 Targets: replay (native) >= 150k spans/s; replay (pure Python) >= 100k spans/s and >= 10% of
 plain parse; peak RSS < 2x file size + 200 MB.
@@ -33,7 +34,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
 
-PURE_PYTHON_ENV = "OTEL_PLUMB_PURE_PYTHON"  # as otel_plumb.receive.otlp reads it
+PURE_PYTHON_ENV = "OTEL_PLUMB_PURE_PYTHON"  # as otel_plumb.pure_python reads it
 BATCH_SPANS = 512
 TOOLS = ("fetch_invoice", "match_purchase_order", "check_duplicate", "schedule_payment", "post_audit_log")
 
@@ -223,7 +224,8 @@ def median_run(mode: str, path: Path, runs: int, *, pure: bool = False) -> dict[
 
 def decoder_in_use() -> str:
     out = subprocess.run(
-        [sys.executable, "-c", "from otel_plumb.receive import otlp; print(otlp.DECODER, '-', otlp.DECODER_DETAIL)"],
+        [sys.executable, "-c", "import otel_plumb; from otel_plumb.receive import otlp; "
+         "print(otlp.DECODER, '-', otlp.DECODER_DETAIL, '- core:', otel_plumb.core())"],
         check=True, capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != PURE_PYTHON_ENV},
     )  # fmt: skip
     return out.stdout.strip()

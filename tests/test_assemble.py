@@ -32,7 +32,7 @@ def test_steps_ordered_by_start_with_parent_first_and_one_index_space():
 
 def test_requested_calls_become_steps_only_without_tool_spans():
     call = RequestedCall("lookup", {"q": 1}, "captured", "call_1")
-    llm = ns("l", "r", 1, "llm", requested_calls=[call])
+    llm = ns("l", "r", 1, "llm", requested_calls=(call,))
     t = build_trajectory("t1", [ns("r", None, 0, "agent"), llm])
     tools = t.tool_steps
     assert len(tools) == 1 and tools[0].source == "llm_output" and tools[0].args == {"q": 1}
@@ -109,9 +109,9 @@ def test_tool_spans_without_call_ids_are_matched_by_name_in_order():
     second = RequestedCall("pay", {"amount": 2}, "captured", "c2")
     spans = [
         ns("r", None, 0, "agent"),
-        ns("l1", "r", 1, "llm", requested_calls=[first]),
+        ns("l1", "r", 1, "llm", requested_calls=(first,)),
         ns("p1", "r", 20, "tool", "pay"),
-        ns("l2", "r", 40, "llm", requested_calls=[second]),
+        ns("l2", "r", 40, "llm", requested_calls=(second,)),
         ns("p2", "r", 60, "tool", "pay"),
     ]
     t = build_trajectory("t1", spans)
@@ -121,14 +121,14 @@ def test_tool_spans_without_call_ids_are_matched_by_name_in_order():
     ]
     assert t.problems == []
     # A request with no tool span left to claim is reported, not turned into a step.
-    extra = ns("l3", "r", 80, "llm", requested_calls=[RequestedCall("pay", {}, "captured", "c3")])
+    extra = ns("l3", "r", 80, "llm", requested_calls=(RequestedCall("pay", {}, "captured", "c3"),))
     t2 = build_trajectory("t1", [*spans, extra])
     assert len(t2.tool_steps) == 2 and t2.problems == ["tool call 'pay' requested in span l3 has no tool span"]
 
 
 def test_span_args_are_kept_unless_a_bare_value_and_results_come_from_later_messages():
     call = RequestedCall("lookup", {"invoice_id": "INV-1"}, "captured", "call_1")
-    llm = ns("l", "r", 1, "llm", requested_calls=[call])
+    llm = ns("l", "r", 1, "llm", requested_calls=(call,))
     bare = ns("x", "r", 20, "tool", "lookup", tool_call_id="call_1", args="INV-1", args_status="captured")
     later = ns("l2", "r", 40, "llm", tool_results={"call_1": {"status": "open"}})
     step = build_trajectory("t1", [ns("r", None, 0, "agent"), llm, bare, later]).tool_steps[0]
@@ -315,7 +315,7 @@ def test_hidden_tool_requests_need_a_tool_span_at_or_after_them():
 
 def test_a_hidden_request_named_by_the_other_record_of_the_same_call_is_covered():
     call = RequestedCall("lookup", {"q": 1}, "captured", "call_1")
-    outer = ns("o", "r", 1, "llm", name="langchain", requested_calls=[call])
+    outer = ns("o", "r", 1, "llm", name="langchain", requested_calls=(call,))
     inner = ns("i", "o", 2, "llm", name="openai", hidden_tool_calls=True)
     t = build_trajectory("t1", [ns("r", None, 0, "agent"), outer, inner])
     assert t.complete and [s.name for s in t.tool_steps] == ["lookup"]

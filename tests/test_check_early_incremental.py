@@ -88,7 +88,7 @@ def traces(draw: Any) -> list[NormalisedSpan]:
                 error=draw(st.sampled_from([None, None, None, "boom"])) if kind == "tool" else None,
                 tokens=draw(st.one_of(st.none(), st.integers(0, 40))) if kind == "llm" else None,
                 tool_call_id=draw(st.one_of(st.none(), st.sampled_from([f"c{k}_0" for k in range(n)]))),
-                requested_calls=requested,
+                requested_calls=tuple(requested),
                 attributes={"service.name": draw(st.sampled_from(["billing-api", "support"]))},
             )
         )  # fmt: skip
@@ -184,7 +184,7 @@ def test_a_requested_call_and_its_tool_span_count_once():
     state = watch.state()
     common = {"trace_id": "t", "convention": "test", "parent_span_id": "root"}
     state.add(NormalisedSpan(span_id="m1", span_name="chat", start_ns=0, end_ns=10, kind="llm", name="chat",
-                             requested_calls=[RequestedCall("pay", {}, "captured", "c1")], **common))  # fmt: skip
+                             requested_calls=(RequestedCall("pay", {}, "captured", "c1"),), **common))  # fmt: skip
     assert not watch.may_fail(state, set())  # a requested call: no step while in flight
     state.add(NormalisedSpan(span_id="p1", span_name="pay", start_ns=20, end_ns=30, kind="tool", name="pay",
                              tool_call_id="c1", **common))  # fmt: skip

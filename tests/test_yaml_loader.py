@@ -15,8 +15,10 @@ from click.testing import CliRunner
 from otel_plumb import yamlfile
 from otel_plumb.campaign.config import CampaignError, load_campaign
 from otel_plumb.check import PolicyError, load_policy
+from otel_plumb.check.checks import Run
 from otel_plumb.cli.main import cli
 from otel_plumb.decision.contract import ContractError, load_contract
+from otel_plumb.model.trajectory import Step, Trajectory
 from otel_plumb.processor.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,7 +212,7 @@ def test_merge_keys_and_dates_one_way_in_every_kind(tmp_path):
     camp = campaign_text(tmp_path).replace("campaign: t", "campaign: 2024-01-02")
     assert load_kind("campaign", tmp_path, camp).spec.campaign == "2024-01-02"
     pol = POLICY + "  - {id: d, arg_equals: {tool: a, arg: day, value: 2024-01-02}}\n"
-    assert load_kind("policy", tmp_path, pol).invariants[1].check.expected(None, None) == ("2024-01-02", None)
+    assert load_kind("policy", tmp_path, pol).invariants[1].check.expected(*_nowhere()) == ("2024-01-02", None)
 
 
 def test_env_expansion_in_the_processor_config(tmp_path, monkeypatch):
@@ -238,7 +240,13 @@ def test_env_expansion_in_the_processor_config(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="unknown key"):
         load_config(cfg)
     pol = POLICY + "  - {id: e, arg_equals: {tool: a, arg: x, value: '${env:PLUMB_TEST_LEVEL}'}}\n"
-    assert load_kind("policy", tmp_path, pol).invariants[1].check.expected(None, None)[0] == "${env:PLUMB_TEST_LEVEL}"
+    assert load_kind("policy", tmp_path, pol).invariants[1].check.expected(*_nowhere())[0] == "${env:PLUMB_TEST_LEVEL}"
+
+
+def _nowhere() -> tuple[Run, Step]:
+    """A run and a step for an ``arg_equals`` whose expected value is a constant."""
+    step = Step(0, "tool", "a", "s", None, "t", 0, 1, "test")
+    return Run(Trajectory(key="t", trace_ids=["t"], steps=[step], complete=True), {}, complete=True), step
 
 
 def test_an_empty_file_is_what_each_kind_says_it_is(tmp_path):

@@ -47,15 +47,18 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
         return
     from importlib.metadata import version
 
+    from otel_plumb import core
     from otel_plumb.receive.otlp import DECODER, DECODER_DETAIL
 
-    click.echo(f"otel-plumb, version {version('otel-plumb')}\nOTLP decoder: {DECODER} ({DECODER_DETAIL})")
+    click.echo(
+        f"otel-plumb, version {version('otel-plumb')}\nOTLP decoder: {DECODER} ({DECODER_DETAIL})\ncore: {core()}"
+    )
     ctx.exit()
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
-              help="Show the version and the OTLP decoder in use, and exit.")  # fmt: skip
+              help="Show the version and the compiled parts in use, and exit.")  # fmt: skip
 def cli() -> None:
     """Check LLM agent trajectories, built from OpenTelemetry traces, against declared invariants."""
 

@@ -304,7 +304,7 @@ def set_args(out: NormalisedSpan, raw: Any, source: str) -> bool:
     return True
 
 
-def _note_redacted_fields(out: NormalisedSpan, args: dict[str, Any], source: str) -> None:
+def _note_redacted_fields(out: NormalisedSpan, args: dict[Any, Any], source: str) -> None:
     """Arguments that are data except for some redacted fields: those fields are named in a
     problem line, so checks on them are known to look at a placeholder."""
     for key, value in args.items():

@@ -22,9 +22,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
 
+from otel_plumb import PURE_PYTHON_ENV, pure_python
 from otel_plumb.model.span import SpanEvent, SpanRecord
-
-PURE_PYTHON_ENV = "OTEL_PLUMB_PURE_PYTHON"
 
 
 def any_value(value: AnyValue) -> Any:
@@ -145,7 +144,7 @@ def request_spans(request: ExportTraceServiceRequest) -> RequestSpans:
 
 def _native_decoder() -> tuple[Any, str]:
     """The compiled decoder's module, or None and why not."""
-    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+    if pure_python():
         return None, f"{PURE_PYTHON_ENV} is set"
     try:
         from otel_plumb.receive import _otlp_native  # type: ignore[attr-defined]
