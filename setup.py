@@ -18,8 +18,10 @@ from typing import Any
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-# The per-span stages: where mypyc measured a gain (bench/replay.py, bench/live.py). Modules at
-# the I/O edges (asyncio, gRPC, SQLite) stay interpreted.
+# The per-span stages and the loops that drive them in replay, coverage and span annotation:
+# where mypyc measured a gain (bench/replay.py, bench/live.py). Modules at the I/O edges (asyncio,
+# gRPC, SQLite) stay interpreted, and so does check/expr.py (compiled, an exception it raises
+# is caught as the wrong type: tests/test_check_kinds.py fails).
 COMPILED_CORE = [
     "otel_plumb/model/trajectory.py",
     "otel_plumb/model/verdict.py",
@@ -34,6 +36,9 @@ COMPILED_CORE = [
     "otel_plumb/check/policy.py",
     "otel_plumb/check/reference.py",
     "otel_plumb/check/values.py",
+    "otel_plumb/export/annotate.py",
+    "otel_plumb/report/coverage.py",
+    "otel_plumb/replay.py",
 ]
 PURE_PYTHON_ENV = "OTEL_PLUMB_PURE_PYTHON"
 # Commands that build nothing (pip asks for the metadata first): mypy need not run for them.
