@@ -67,8 +67,6 @@ def _compiled_core() -> list[Extension]:
     except (Exception, SystemExit) as exc:  # mypy exits on a type error
         print(f"otel-plumb: mypyc could not compile the core ({exc}); it runs as plain Python")
         return []
-    for ext in extensions:
-        ext.optional = True
     return extensions
 
 
