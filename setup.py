@@ -18,10 +18,10 @@ from typing import Any
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-# The per-span stages and the loops that drive them in replay, coverage and span annotation:
-# where mypyc measured a gain (bench/replay.py, bench/live.py). Modules at the I/O edges (asyncio,
-# gRPC, SQLite) stay interpreted, and so does check/expr.py (compiled, an exception it raises
-# is caught as the wrong type: tests/test_check_kinds.py fails).
+# The per-span stages and the loops that drive them in the live processor, replay, coverage and
+# span annotation: where mypyc measured a gain (bench/replay.py, bench/live.py). Modules at the
+# I/O edges (asyncio, gRPC, SQLite) stay interpreted, and so does check/expr.py (compiled, an
+# exception it raises is caught as the wrong type: tests/test_check_kinds.py fails).
 COMPILED_CORE = [
     "otel_plumb/model/trajectory.py",
     "otel_plumb/model/verdict.py",
@@ -30,6 +30,7 @@ COMPILED_CORE = [
     "otel_plumb/assemble/buffers.py",
     "otel_plumb/assemble/trajectory.py",
     "otel_plumb/intake/intake.py",
+    "otel_plumb/processor/spans.py",
     "otel_plumb/check/checks.py",
     "otel_plumb/check/decide.py",
     "otel_plumb/check/early.py",
@@ -47,7 +48,12 @@ CORE_GROUP = "otel_plumb._core"
 # Not the project's mypy config: the build runs without the dependencies installed (their types
 # are Any there), where the strict checks CI runs would fail on what they cannot see; and
 # without site-packages, so that a build in a development environment compiles the same code.
-MYPY_OPTIONS = [f"--config-file={os.devnull}", "--no-site-packages", "--ignore-missing-imports", "--python-version=3.11"]
+MYPY_OPTIONS = [
+    f"--config-file={os.devnull}",
+    "--no-site-packages",
+    "--ignore-missing-imports",
+    "--python-version=3.11",
+]
 
 
 def _compiled_core() -> list[Extension]:

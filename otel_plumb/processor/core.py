@@ -31,7 +31,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_plumb import tls
-from otel_plumb.assemble import AddOutcome, AssemblyLimits, Finished, build_trajectory
+from otel_plumb.assemble import AssemblyLimits, Finished, build_trajectory
 from otel_plumb.check import CompiledPolicy, decide, late_span_could_change, load_policies, redaction_for
 from otel_plumb.check.early import EarlyState, EarlyWatch, in_flight, new_early_failures
 from otel_plumb.configtypes import parse_hostport
@@ -64,6 +64,7 @@ from otel_plumb.processor.consumers import (
     StoreConsumer,
     VerdictLogConsumer,
 )
+from otel_plumb.processor.spans import SpanTaker
 from otel_plumb.ratelimit import RateLimitedLog
 from otel_plumb.receive import auth, connections, grpc_server, http_server
 from otel_plumb.receive.otlp import OriginWire, ReceivedRequest, UnreadSpan
@@ -189,6 +190,8 @@ class Processor:
         # Traces held for late spans (Assembler.wait_for_late_spans): the verdict they waited with.
         self._waited: dict[str, tuple[str, frozenset[tuple[str, str]]]] = {}
         self._rooted: set[str] = set()
+        self._spans = SpanTaker(self.intake, self._early_checks, self._early_watch.state,
+                                self._last_arrival, self._rooted, self._early_state)  # fmt: skip
         self._incoming = 0  # spans of requests accepted but not yet buffered
         self._incoming_bytes = 0  # and their bytes (the memory limiter counts them too)
         # Evictions not yet in a log line, and when the next line may be written.
@@ -530,84 +533,27 @@ class Processor:
         journal_id: int,
         skip_traces: set[bytes] | frozenset[bytes] = frozenset(),
     ) -> IngestResult:
-        """Normalise and buffer every span of a request (but those of ``skip_traces``)."""
-        now = time.monotonic()
-        taken = rejected = resent = 0
-        # Forwarded unchecked: spans of decided traces (late), and spans of traces still in flight
-        # (over the span limit, unreadable) whose other spans must still be replayable.
-        late: list[Forwarded] = []
-        unchecked: list[Forwarded] = []
-        touched: dict[str, bool] = {}
-        # Traces let go before they completed whose late spans hold calls: checked on their tombstone.
-        tombstoned: set[str] = set()
-        early_checks = self._early_checks
+        """Normalise and buffer every span of a request (but those of ``skip_traces``), check
+        the traces it gave steps to early, and decide those it completed."""
         intake = self.intake
-        # Only the annotate mode forwards buffered spans (passthrough forwarded the request).
-        annotating = self._annotate and self.exporter is not None
-        source = Source(f"request on {receiver}")
-        counted = self.metrics.spans_dropped
         tenant = auth.TENANT.get()
         records, wires, origin_wires = request.spans
         if tenant is not None:  # None: the listener has no auth
             _set_tenant(records, tenant)
-        origins = _origins(origin_wires)
-        last_arrival, rooted, early_state, new_state = (
-            self._last_arrival, self._rooted, self._early_state, self._early_watch.state
+        # Only the annotate mode forwards buffered spans (passthrough forwarded the request).
+        spans = self._spans.take(
+            records, wires, _origins(origin_wires), time.monotonic(), Source(f"request on {receiver}"), journal_id,
+            self._annotate and self.exporter is not None, skip_traces,
         )  # fmt: skip
-        for record, (body, trace_id, origin_index) in zip(records, wires, strict=True):
-            span_id = record.span_id
-            if len(trace_id) != 16 or len(span_id) != 16:
-                rejected += 1
-                # What else of its trace the rejected span held is unknown: the
-                # trajectories it may belong to are incomplete.
-                trace = trace_id.hex() if len(trace_id) == 16 else None
-                intake.unreadable(source, "a span without a valid trace_id/span_id was rejected", trace)
-                continue
-            if skip_traces and trace_id in skip_traces:
-                continue
-            # Kept as bytes, so nothing of the parsed request outlives it; its ids are read from
-            # the record until the span is normalised (below).
-            payload = Forwarded(body if annotating else b"", origins[origin_index], record, journal_id)
-            if isinstance(record, UnreadSpan):  # a span nobody can decode is still forwarded, never lost
-                log.warning("cannot decode span %s; forwarding it unchecked: %s", span_id, record.reason)
-                intake.unreadable(source, f"span {span_id} could not be decoded: {record.reason}", trace_id.hex())
-                outcome, normalised = AddOutcome.UNREADABLE, None
-            else:
-                outcome, normalised = intake.add(record, payload, now, source, _held_bytes(body))
-                if normalised is not None:
-                    payload.ids = normalised  # the same ids and times; the record is let go
-            if outcome is AddOutcome.ACCEPTED:
-                taken += 1
-                assert normalised is not None
-                tid = normalised.trace_id  # the trace's one string
-                last_arrival[tid] = now
-                if normalised.parent_span_id is None:
-                    rooted.add(tid)
-                # A trace's counters start at its first step that is not "other" (a trace of HTTP
-                # and database spans never has any), from every span buffered by then, this one too.
-                if early_checks:
-                    state = early_state.get(tid)
-                    if state is not None:
-                        state.add(normalised)
-                    elif normalised.kind != "other":
-                        state = early_state[tid] = new_state()
-                        for buffered in intake.buffered_spans(tid):
-                            state.add(buffered)
-                    if normalised.kind != "other":
-                        touched[tid] = True
-            elif outcome is AddOutcome.DUPLICATE or outcome is AddOutcome.CONFLICTING_DUPLICATE:
-                # Not lost: the first copy went on. Neither a second step nor sent twice.
-                resent += 1
-                counted.labels(outcome.value).inc()
-            else:
-                taken += 1
-                self.metrics.spans_unchecked.labels(outcome.value).inc()
-                (late if outcome is AddOutcome.LATE else unchecked).append(payload)
-                if (
-                    early_checks and outcome is AddOutcome.LATE and normalised is not None
-                    and normalised.kind != "other" and intake.tombstone(normalised.trace_id) is not None
-                ):  # fmt: skip
-                    tombstoned.add(normalised.trace_id)
+        for span_id, reason in spans.unread:
+            log.warning("cannot decode span %s; forwarding it unchecked: %s", span_id, reason)
+        taken, rejected, resent, late, unchecked = (spans.taken, spans.rejected, spans.resent, spans.late,
+                                                    spans.unchecked)  # fmt: skip
+        counted = self.metrics.spans_dropped
+        for outcome, n in spans.dropped.items():
+            counted.labels(outcome).inc(n)
+        for outcome, n in spans.unchecked_by.items():
+            self.metrics.spans_unchecked.labels(outcome).inc(n)
         if journal_id and taken:  # counted per request, not per span
             self._journal_pending[journal_id] = self._journal_pending.get(journal_id, 0) + taken
         if taken or resent:
@@ -621,15 +567,15 @@ class Processor:
         self.metrics.buffered_bytes.set(intake.bytes_buffered)
         self._note_evictions()
         early: list[Decision] = []
-        if early_checks:
-            for tid, has_steps in touched.items():
+        if self._early_checks:
+            for tid in spans.touched:
                 # Once the root span (which ends last) is in, the full verdict is one idle_timeout
                 # away: early checks are for trajectories still running.
-                if has_steps and tid not in self._rooted and not intake.is_decided(tid):
+                if tid not in self._rooted and not intake.is_decided(tid):
                     found = self._early_check(tid)
                     if found is not None:
                         early.append(found)
-            for tid in tombstoned:
+            for tid in spans.tombstoned:
                 found = self._tombstone_check(tid)
                 if found is not None:
                     early.append(found)
@@ -1032,13 +978,6 @@ def _set_tenant(records: list[SpanRecord | UnreadSpan], tenant: str) -> None:
         resource.pop(auth.TENANT_ATTRIBUTE, None)
         if tenant:
             resource[auth.TENANT_ATTRIBUTE] = tenant
-
-
-def _held_bytes(span: bytes) -> int:
-    """What a buffered span holds, estimated: the received span (kept to be forwarded), its
-    decoded values (about as much again) and the allocator's share (measured: an 8 MiB span
-    held about 23 MiB of RSS), plus the objects around a small span."""
-    return 3 * len(span) + 1024
 
 
 def _redacted_request(request: ExportTraceServiceRequest, scrub: Scrub) -> ExportTraceServiceRequest:

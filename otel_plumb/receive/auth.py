@@ -37,7 +37,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 from aiohttp import web
@@ -257,7 +257,7 @@ def grpc_peer(context: grpc.aio.ServicerContext[Any, Any]) -> PeerIdentity | Non
 
 
 if TYPE_CHECKING:  # generic in the stubs only
-    _Interceptor = grpc.aio.ServerInterceptor[Any, Any]
+    _Interceptor: TypeAlias = grpc.aio.ServerInterceptor[Any, Any]
 else:
     _Interceptor = grpc.aio.ServerInterceptor
 
