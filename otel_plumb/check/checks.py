@@ -28,13 +28,22 @@ from otel_plumb.model import Step, Trajectory, VerdictValue
 Tools = frozenset[str]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)  # its own __init__: see model/trajectory.py
 class Outcome:
     verdict: VerdictValue
     step: Step | None = None
     message: str = ""
     expected: Any = None
     got: Any = None
+
+    def __init__(
+        self, verdict: VerdictValue, step: Step | None = None, message: str = "", expected: Any = None, got: Any = None
+    ) -> None:
+        self.verdict = verdict
+        self.step = step
+        self.message = message
+        self.expected = expected
+        self.got = got
 
 
 PASS = Outcome("pass")

@@ -47,7 +47,12 @@ HANDOFF_TOOLS = {"transfer_to_agent": "agent_name", "handoff_to_agent": "agent_n
 TRANSFER_PREFIX = "transfer_to_"
 
 
-@dataclass(slots=True)
+# The records made once per span or step write their own ``__init__`` (``init=False``, the
+# same parameters as the fields): compiled by mypyc it runs about 8x faster than the one
+# dataclasses generates, which stays interpreted. tests/test_model_init.py keeps the two alike.
+
+
+@dataclass(slots=True, init=False)
 class RequestedCall:
     """A tool call the model asked for in its output messages (e.g. ``llm.output_messages.*``)."""
 
@@ -56,8 +61,14 @@ class RequestedCall:
     args_status: CaptureStatus
     tool_call_id: str | None = None
 
+    def __init__(self, name: str, args: Any, args_status: CaptureStatus, tool_call_id: str | None = None) -> None:
+        self.name = name
+        self.args = args
+        self.args_status = args_status
+        self.tool_call_id = tool_call_id
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class NormalisedSpan:
     """What the normaliser read from one span: the stage between spans and steps.
 
@@ -99,12 +110,47 @@ class NormalisedSpan:
     # The framework or instrumentation that wrote the span (from its instrumentation scope).
     framework: str | None = None
 
+    def __init__(
+        self, trace_id: str, span_id: str, parent_span_id: str | None, span_name: str, start_ns: int, end_ns: int,
+        kind: StepKind, name: str, convention: str, args: Any = None, args_status: CaptureStatus = "absent",
+        args_source: str | None = None, result: Any = None, result_status: CaptureStatus = "absent",
+        error: str | None = None, agent: str | None = None, tool_call_id: str | None = None,
+        tokens: int | None = None, session_id: str | None = None, requested_calls: tuple[RequestedCall, ...] = (),
+        tool_results: Mapping[str, Any] = NO_TOOL_RESULTS, attributes: dict[str, Any] | None = None,
+        problems: tuple[str, ...] = (), hidden_tool_calls: bool = False, framework: str | None = None,
+    ) -> None:  # fmt: skip
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.parent_span_id = parent_span_id
+        self.span_name = span_name
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.kind = kind
+        self.name = name
+        self.convention = convention
+        self.args = args
+        self.args_status = args_status
+        self.args_source = args_source
+        self.result = result
+        self.result_status = result_status
+        self.error = error
+        self.agent = agent
+        self.tool_call_id = tool_call_id
+        self.tokens = tokens
+        self.session_id = session_id
+        self.requested_calls = requested_calls
+        self.tool_results = tool_results
+        self.attributes = {} if attributes is None else attributes
+        self.problems = problems
+        self.hidden_tool_calls = hidden_tool_calls
+        self.framework = framework
+
     @property
     def is_root(self) -> bool:
         return self.parent_span_id is None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Step:
     index: int
     kind: StepKind
@@ -129,6 +175,35 @@ class Step:
     tokens: int | None = None
     # The framework or instrumentation that wrote the span.
     framework: str | None = None
+
+    def __init__(
+        self, index: int, kind: StepKind, name: str, span_id: str, parent_span_id: str | None, trace_id: str,
+        start_ns: int, end_ns: int, convention: str, source: Literal["span", "llm_output"] = "span",
+        args: Any = None, args_status: CaptureStatus = "absent", args_source: str | None = None,
+        result: Any = None, result_status: CaptureStatus = "absent", error: str | None = None,
+        agent: str | None = None, tool_call_id: str | None = None, tokens: int | None = None,
+        framework: str | None = None,
+    ) -> None:  # fmt: skip
+        self.index = index
+        self.kind = kind
+        self.name = name
+        self.span_id = span_id
+        self.parent_span_id = parent_span_id
+        self.trace_id = trace_id
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.convention = convention
+        self.source = source
+        self.args = args
+        self.args_status = args_status
+        self.args_source = args_source
+        self.result = result
+        self.result_status = result_status
+        self.error = error
+        self.agent = agent
+        self.tool_call_id = tool_call_id
+        self.tokens = tokens
+        self.framework = framework
 
     @property
     def succeeded(self) -> bool:

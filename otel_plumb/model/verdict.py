@@ -15,7 +15,7 @@ TrajectoryStatus = Literal["violating", "indeterminate", "conformant", "unchecke
 SEVERITIES: tuple[Severity, ...] = ("critical", "high", "medium", "low")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)  # its own __init__: see model/trajectory.py
 class Verdict:
     invariant: str
     policy: str
@@ -28,6 +28,20 @@ class Verdict:
     message: str = ""
     expected: Any = None
     got: Any = None
+
+    def __init__(
+        self, invariant: str, policy: str, verdict: VerdictValue, severity: Severity, step_index: int | None = None,
+        span_id: str | None = None, message: str = "", expected: Any = None, got: Any = None,
+    ) -> None:  # fmt: skip
+        self.invariant = invariant
+        self.policy = policy
+        self.verdict = verdict
+        self.severity = severity
+        self.step_index = step_index
+        self.span_id = span_id
+        self.message = message
+        self.expected = expected
+        self.got = got
 
 
 def severity_at_least(severity: Severity, floor: Severity) -> bool:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import ast
 import json
 from collections.abc import Collection
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -93,11 +94,17 @@ def _long_digit_run(data: bytes) -> bool:
     return _LONG_DIGIT_RUN in data.translate(_DIGITS_TO_ZERO)
 
 
-class Decoded(NamedTuple):
+@dataclass(slots=True, init=False)  # its own __init__: see model/trajectory.py
+class Decoded:
     value: Any
     status: CaptureStatus
     # Why the value is not data ("redacted placeholder", "not JSON: ..."); None when captured.
     reason: str | None = None
+
+    def __init__(self, value: Any, status: CaptureStatus, reason: str | None = None) -> None:
+        self.value = value
+        self.status = status
+        self.reason = reason
 
 
 ABSENT = Decoded(None, "absent")
