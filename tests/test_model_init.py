@@ -95,7 +95,7 @@ def test_own_init_has_the_fields_defaults(cls: type) -> None:
     made = cls(*values)
     for f in fields[len(required):]:
         assert getattr(made, f.name) == _default(f), f.name
-    if len(required) > 0:
+    if required:
         with pytest.raises(TypeError):
             cls(*values[:-1])
 

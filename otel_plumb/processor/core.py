@@ -547,8 +547,7 @@ class Processor:
         )  # fmt: skip
         for span_id, reason in spans.unread:
             log.warning("cannot decode span %s; forwarding it unchecked: %s", span_id, reason)
-        taken, rejected, resent, late, unchecked = (spans.taken, spans.rejected, spans.resent, spans.late,
-                                                    spans.unchecked)  # fmt: skip
+        taken, rejected, resent = spans.taken, spans.rejected, spans.resent
         counted = self.metrics.spans_dropped
         for outcome, n in spans.dropped.items():
             counted.labels(outcome).inc(n)
@@ -587,12 +586,12 @@ class Processor:
                 if finished:
                     await self._decide(finished)
         if self._forward_scrub is not None and self._annotate:
-            for payload in (*late, *unchecked):
+            for payload in (*spans.late, *spans.unchecked):
                 redact_forwarded(payload, self._forward_scrub.text)
-        if late and self._annotate:
-            await self._submit(late)
-        if unchecked and self._annotate:
-            await self._submit(unchecked, whole_traces=False)
+        if spans.late and self._annotate:
+            await self._submit(spans.late)
+        if spans.unchecked and self._annotate:
+            await self._submit(spans.unchecked, whole_traces=False)
         if journal_id and journal_id not in self._journal_pending and self.exporter is not None:
             await self._release([journal_id])  # nothing of it to export
         message = f"{rejected} spans without a valid trace_id/span_id" if rejected else ""

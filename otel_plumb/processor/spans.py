@@ -9,23 +9,15 @@ from typing import Protocol
 
 from otel_plumb.assemble import AddOutcome
 from otel_plumb.check.early import EarlyState
-from otel_plumb.export.annotate import Forwarded, Origin
+from otel_plumb.export.annotate import Forwarded, Origin, SpanIds
 from otel_plumb.intake import Intake, Source
 from otel_plumb.model import NormalisedSpan, SpanRecord
 
 
-class UnreadSpan(Protocol):
+class UnreadSpan(SpanIds, Protocol):
     """A span the receiver could not read into a record (``receive.otlp.UnreadSpan``: the
     receivers are not imported here, the compiled core is built without their dependencies)."""
 
-    @property
-    def span_id(self) -> str: ...
-    @property
-    def trace_id(self) -> str: ...
-    @property
-    def start_ns(self) -> int: ...
-    @property
-    def end_ns(self) -> int: ...
     @property
     def reason(self) -> str: ...
 
