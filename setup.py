@@ -20,8 +20,7 @@ from setuptools.command.build_ext import build_ext
 
 # The per-span stages and the loops that drive them in the live processor, replay, coverage and
 # span annotation: where mypyc measured a gain (bench/replay.py, bench/live.py). Modules at the
-# I/O edges (asyncio, gRPC, SQLite) stay interpreted, and so does check/expr.py (compiled, an
-# exception it raises is caught as the wrong type: tests/test_check_kinds.py fails).
+# I/O edges (asyncio, gRPC, SQLite) stay interpreted.
 COMPILED_CORE = [
     "otel_plumb/model/trajectory.py",
     "otel_plumb/model/verdict.py",
@@ -34,6 +33,7 @@ COMPILED_CORE = [
     "otel_plumb/check/checks.py",
     "otel_plumb/check/decide.py",
     "otel_plumb/check/early.py",
+    "otel_plumb/check/expr.py",
     "otel_plumb/check/policy.py",
     "otel_plumb/check/reference.py",
     "otel_plumb/check/values.py",

@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 
 import otel_plumb
+from otel_plumb.assemble import Finished
 from otel_plumb.check.checks import Outcome
-from otel_plumb.model import NormalisedSpan, RequestedCall, Step, Verdict
+from otel_plumb.check.early import _Tool
+from otel_plumb.model import Decided, NormalisedSpan, RequestedCall, Step, Trajectory, Verdict
 from otel_plumb.normalise import Decoded
 
-RECORDS = [NormalisedSpan, RequestedCall, Step, Verdict, Outcome, Decoded]
+RECORDS = [NormalisedSpan, RequestedCall, Step, Verdict, Outcome, Decoded, Trajectory, Finished, Decided, _Tool]
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:
@@ -36,10 +38,11 @@ class _Value:
         return f"<{self.name}>"
 
 
-STRINGS = ("str", "Literal", "StepKind", "CaptureStatus", "VerdictValue", "Severity")
+STRINGS = ("str", "Literal", "StepKind", "CaptureStatus", "VerdictValue", "Severity", "TrajectoryStatus",
+           "DecisionKind")
 
 
-def _value(name: str, annotation: str, n: int) -> Any:
+def _value(name: str, annotation: str, n: int, default: Any = None) -> Any:
     """A value of the field's type (the compiled records check types) unlike any other field's,
     so that a parameter wired to the wrong attribute shows."""
     kind = annotation.split("[")[0].split(" ")[0]
@@ -47,14 +50,20 @@ def _value(name: str, annotation: str, n: int) -> Any:
         return f"{name}-{n}"
     if kind == "int":
         return 1000 + n
+    if kind == "float":
+        return 1000.5 + n
+    if kind == "list":
+        return [f"{name}-{n}"]
     if kind == "bool":
-        return True  # every bool field defaults to False
+        return default is not True  # unlike the default
     if kind == "tuple":
         return (f"{name}-{n}",)
     if kind in ("dict", "Mapping"):
         return {name: n}
     if kind == "Step":
         return Step(n, "tool", "t", "s", None, "tr", 0, 1, "c")
+    if kind == "Trajectory":
+        return Trajectory(f"{name}-{n}", [], [])
     assert kind == "Any", f"no test value for {name}: {annotation}"
     return _Value(name)
 
@@ -71,7 +80,7 @@ def _annotations(cls: type) -> dict[str, str]:
 
 def _values(cls: type, fields: tuple[dataclasses.Field[Any], ...]) -> list[Any]:
     written = _annotations(cls)
-    return [_value(f.name, written[f.name], n) for n, f in enumerate(fields)]
+    return [_value(f.name, written[f.name], n, f.default) for n, f in enumerate(fields)]
 
 
 @pytest.mark.parametrize("cls", RECORDS, ids=lambda c: c.__name__)
@@ -106,3 +115,9 @@ def test_default_containers_are_not_shared() -> None:
     a.attributes["k"] = 1
     assert b.attributes == {}
     assert dataclasses.replace(a, span_id="c").attributes == {"k": 1}
+    t, u = Trajectory("a", [], []), Trajectory("b", [], [])
+    t.attributes["k"], t.problems = 1, ["p"]
+    assert (u.attributes, u.problems) == ({}, [])
+    f, g = (Finished(k, [], [], True, None, 0.0, 0.0) for k in "fg")
+    f.trace_ids.append("t")
+    assert g.trace_ids == []

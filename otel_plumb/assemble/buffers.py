@@ -77,7 +77,7 @@ class AddOutcome(enum.Enum):
     UNREADABLE = "unreadable"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Finished:
     """A trace (or session) the assembler has let go of, with why."""
 
@@ -94,6 +94,23 @@ class Finished:
     size: int = 0
     # It was taken back once to wait for late spans (``Assembler.wait_for_late_spans``).
     waited: bool = False
+
+    def __init__(
+        self, key: str, spans: list[NormalisedSpan], payloads: list[object], complete: bool,
+        incomplete_reason: str | None, first_seen: float, decided_at: float, session_id: str | None = None,
+        trace_ids: list[str] | None = None, size: int = 0, waited: bool = False,
+    ) -> None:  # fmt: skip
+        self.key = key
+        self.spans = spans
+        self.payloads = payloads
+        self.complete = complete
+        self.incomplete_reason = incomplete_reason
+        self.first_seen = first_seen
+        self.decided_at = decided_at
+        self.session_id = session_id
+        self.trace_ids = [] if trace_ids is None else trace_ids
+        self.size = size
+        self.waited = waited
 
     def trajectory(self) -> Trajectory:
         return build_trajectory(

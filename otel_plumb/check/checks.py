@@ -421,8 +421,8 @@ class ArgSatisfies(ArgumentCheck):
         )  # fmt: skip
         try:
             ok = self.expression.test(act, run.budget)
-        except BudgetExceeded as exc:
-            return Outcome("indeterminate", step, str(exc))
+        except BudgetExceeded as over:
+            return Outcome("indeterminate", step, str(over))
         except EvaluationError as exc:
             return Outcome("indeterminate", step, f"{self.expression.source}: {exc}")
         if ok:
@@ -514,8 +514,8 @@ class Expr(Check):
     def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
         try:
             ok = self.expression.test(run.activation(self.expression, steps), run.budget)
-        except BudgetExceeded as exc:
-            return Outcome("indeterminate", None, str(exc))
+        except BudgetExceeded as over:
+            return Outcome("indeterminate", None, str(over))
         except EvaluationError as exc:
             return Outcome("indeterminate", None, f"{self.expression.source}: {exc}")
         if ok:

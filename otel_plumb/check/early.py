@@ -52,7 +52,7 @@ from otel_plumb.model.verdict import Verdict
 _NEVER = 1 << 64  # no such call yet: later than any start time (OTLP times are 64-bit)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _Tool:
     """One watched tool name in one trace: successful calls, attempts, the earliest start of a
     successful call, and of that call: its parent, its end, whether another successful call
@@ -65,6 +65,18 @@ class _Tool:
     first_end: int = 0
     first_tied: bool = False
     turn_over: bool = False
+
+    def __init__(
+        self, ok: int = 0, tried: int = 0, first_ok: int = _NEVER, first_parent: str | None = None,
+        first_end: int = 0, first_tied: bool = False, turn_over: bool = False,
+    ) -> None:  # fmt: skip
+        self.ok = ok
+        self.tried = tried
+        self.first_ok = first_ok
+        self.first_parent = first_parent
+        self.first_end = first_end
+        self.first_tied = first_tied
+        self.turn_over = turn_over
 
 
 class EarlyState:

@@ -374,8 +374,8 @@ class Expression:
             activation, program = bound, self._rest
         try:
             return program.execute(dict(activation))
-        except KeyError as exc:
-            raise EvaluationError(f"no such key {exc.args[0] if exc.args else ''!r}") from None
+        except KeyError as missing:
+            raise EvaluationError(f"no such key {missing.args[0] if missing.args else ''!r}") from None
         except Exception as exc:  # the binding raises ValueError, TypeError and RuntimeError too
             text = str(exc).splitlines()
             raise EvaluationError(f"{type(exc).__name__}: {text[0] if text else repr(exc)}") from None
@@ -574,4 +574,7 @@ class EvaluationError(Exception):
 
 class BudgetExceeded(EvaluationError):
     """The estimated cost of an evaluation would overspend the trajectory's budget; the message
-    starts with ``BUDGET_EXCEEDED``."""
+    starts with ``BUDGET_EXCEEDED``.
+
+    Callers catch it under a name of its own, not the ``exc`` of an ``except EvaluationError``
+    after it: compiled, a name has the type of its first ``except`` and the second one fails."""

@@ -223,8 +223,8 @@ class CompiledInvariant:
         if self.guard is not None:
             try:
                 active = self.guard.test(run.activation(self.guard, t.steps), run.budget)
-            except BudgetExceeded as exc:
-                return ck.Outcome("indeterminate", None, f"{exc} (when)")
+            except BudgetExceeded as over:
+                return ck.Outcome("indeterminate", None, f"{over} (when)")
             except EvaluationError as exc:
                 return ck.Outcome("indeterminate", None, f"when {self.guard.source}: {exc}")
             if not active:

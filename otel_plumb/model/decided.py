@@ -14,7 +14,7 @@ from otel_plumb.model.verdict import TrajectoryStatus, Verdict
 DecisionKind = Literal["final", "early"]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Decided:
     trajectory: Trajectory
     verdicts: list[Verdict]
@@ -22,6 +22,16 @@ class Decided:
     policies: list[str]
     status: TrajectoryStatus
     decision: DecisionKind = "final"
+
+    def __init__(
+        self, trajectory: Trajectory, verdicts: list[Verdict], policies: list[str], status: TrajectoryStatus,
+        decision: DecisionKind = "final",
+    ) -> None:
+        self.trajectory = trajectory
+        self.verdicts = verdicts
+        self.policies = policies
+        self.status = status
+        self.decision = decision
 
     @property
     def key(self) -> str:
