@@ -28,7 +28,8 @@ FIXTURES = sorted((TESTS / "fixtures").rglob("*.jsonl"))
 COMPILED = [
     "otel_plumb.model.trajectory", "otel_plumb.normalise.dispatch", "otel_plumb.normalise.messages",
     "otel_plumb.assemble.buffers", "otel_plumb.assemble.trajectory", "otel_plumb.intake.intake",
-    "otel_plumb.check.checks", "otel_plumb.check.early", "otel_plumb.check.policy", "otel_plumb.check.reference",
+    "otel_plumb.check.checks", "otel_plumb.check.early", "otel_plumb.check.expr", "otel_plumb.check.policy",
+    "otel_plumb.check.reference",
 ]  # fmt: skip
 
 

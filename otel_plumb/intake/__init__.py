@@ -6,6 +6,6 @@ assembler and hands back the traces that are due, as trajectories that say when 
 cannot be trusted whole.
 """
 
-from otel_plumb.intake.intake import Intake, IntakeCounts, Source, fingerprint
+from otel_plumb.intake.intake import Intake, IntakeCounts, Source
 
-__all__ = ["Intake", "IntakeCounts", "Source", "fingerprint"]
+__all__ = ["Intake", "IntakeCounts", "Source"]

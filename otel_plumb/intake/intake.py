@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from otel_plumb.assemble import AddOutcome, Assembler, AssemblyLimits, Finished, Tombstone
 from otel_plumb.model import NormalisedSpan, SpanRecord, Trajectory
+from otel_plumb.model.span import fingerprint
 from otel_plumb.model.trajectory import UNREADABLE_INPUT, UNREADABLE_SPAN
 from otel_plumb.normalise import normalise
 
@@ -23,20 +24,6 @@ from otel_plumb.normalise import normalise
 MAX_MARKED_TRACES = 100_000
 # Problem lines kept per trace.
 MAX_PROBLEMS_PER_TRACE = 20
-
-
-# 60 bits of the hash: an int below 2**60 is two 30-bit digits (32 bytes), a full hash three (48
-# with the allocator's rounding), and one is kept per buffered span.
-_FINGERPRINT_MASK = (1 << 60) - 1
-
-
-def fingerprint(span: SpanRecord) -> int:
-    """What tells a resent copy of a span from a different span with the same ids. Cheap on
-    purpose (it runs for every span): name, times, status, attribute keys and event count."""
-    return _FINGERPRINT_MASK & hash(
-        (span.name, span.start_ns, span.end_ns, span.status_code, span.status_message, tuple(span.attributes),
-         len(span.events))
-    )  # fmt: skip
 
 
 class Source:

@@ -80,3 +80,20 @@ class SpanRecord:
 
     def __repr__(self) -> str:
         return f"SpanRecord({self.name!r}, trace={self.trace_id}, span={self.span_id})"
+
+
+# 60 bits of the hash: an int below 2**60 is two 30-bit digits (32 bytes), a full hash three (48
+# with the allocator's rounding), and one is kept per buffered span.
+_FINGERPRINT_MASK = (1 << 60) - 1
+
+
+def fingerprint(span: SpanRecord) -> int:
+    """What tells a resent copy of a span from a different span with the same ids. Cheap on
+    purpose (it runs for every span): name, times, status, attribute keys and event count.
+
+    Here, interpreted, beside the record: the interpreter reads a plain class's slots faster than
+    compiled code does, and this reads seven per span (about 0.3 µs against 0.5 compiled)."""
+    return _FINGERPRINT_MASK & hash(
+        (span.name, span.start_ns, span.end_ns, span.status_code, span.status_message, tuple(span.attributes),
+         len(span.events))
+    )  # fmt: skip
