@@ -36,6 +36,7 @@ COMPILED_CORE = [
     "otel_plumb/check/expr.py",
     "otel_plumb/check/policy.py",
     "otel_plumb/check/reference.py",
+    "otel_plumb/check/regex.py",
     "otel_plumb/check/values.py",
     "otel_plumb/export/annotate.py",
     "otel_plumb/report/coverage.py",

@@ -7,6 +7,7 @@ import fnmatch
 import time
 
 import pytest
+import re2
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,7 +15,8 @@ from test_check_support import one, policy, step, trajectory
 
 from otel_plumb.check import BUDGET_EXCEEDED, PolicyError, budget_exceeded
 from otel_plumb.check.expr import COST_BUDGET, MAX_NESTING, Expression, ExpressionError, measure
-from otel_plumb.check.policy import compile_regex, glob_regex
+from otel_plumb.check.policy import glob_regex
+from otel_plumb.check.regex import Regex
 from otel_plumb.cli.main import cli
 
 THREE_DEEP = "steps.all(a, steps.all(b, steps.all(c, a.index + b.index + c.index >= 0)))"
@@ -168,10 +170,25 @@ def test_re2_search_semantics_as_before(tmp_path):
 
 @pytest.mark.parametrize("pattern", ["invoice-*", "a?c", "[!x]yz", "[]a]b", "x[", "a.b*", "*", "[^a]", "[a-c]*"])
 def test_applies_to_globs_match_as_fnmatch(pattern):
-    regex = compile_regex(glob_regex(pattern))
+    regex = Regex(glob_regex(pattern))
     for name in ["invoice-1", "invoice-", "abc", "ayz", "xyz", "]b", "ab", "x[", "a.bzz", "aXb", "", "^", "b",
                  "line\nbreak", "cab"]:  # fmt: skip
-        assert (regex.search(name) is not None) == fnmatch.fnmatchcase(name, pattern), (pattern, name)
+        assert regex.found(name) == fnmatch.fnmatchcase(name, pattern), (pattern, name)
+
+
+PATTERNS = [r"@example\.com$", r"^a", r"\Ab\z", r"é+", r"[^a-z]", r"(x|y)z?", r"", r"\d{2,}", r"^$", r"."]
+
+
+@given(st.sampled_from(PATTERNS), st.text(max_size=12))
+def test_found_says_what_the_library_search_says(pattern, text):
+    """``Regex.found`` asks RE2 for the match directly; on any text (non-ASCII, empty, line
+    breaks) it says what the library's ``search`` says, and so does its fallback."""
+    expected = re2.compile(pattern).search(text) is not None
+    regex = Regex(pattern)
+    assert regex.found(text) == expected
+    assert regex._match is not None  # the direct path is the one measured
+    regex._match = None
+    assert regex.found(text) == expected
 
 
 values = st.recursive(

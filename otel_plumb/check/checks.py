@@ -22,6 +22,7 @@ from decimal import Decimal
 from typing import Any
 
 from otel_plumb.check.expr import BudgetExceeded, CostBudget, EvaluationError, Expression
+from otel_plumb.check.regex import Regex
 from otel_plumb.check.values import MISSING, CompareMode, PathSegment, equal, lookup, plain
 from otel_plumb.model import Step, Trajectory, VerdictValue
 
@@ -382,10 +383,10 @@ class ArgEquals(ArgumentCheck):
 
 
 class ArgMatches(ArgumentCheck):
-    """``regex`` is compiled by RE2 (``policy.compile_regex``): matching takes time linear in
-    the argument, whatever the pattern, since arguments come from the agent under test."""
+    """``regex`` is RE2's (``check.regex``): matching takes time linear in the argument,
+    whatever the pattern, since arguments come from the agent under test."""
 
-    def __init__(self, tools: Tools, arg: str, path: tuple[PathSegment, ...], regex: Any) -> None:
+    def __init__(self, tools: Tools, arg: str, path: tuple[PathSegment, ...], regex: Regex) -> None:
         super().__init__(tools, arg, path)
         self.regex = regex
 
@@ -399,7 +400,7 @@ class ArgMatches(ArgumentCheck):
             text = str(value)
         else:
             return Outcome("fail", step, f"{self.arg} at {run.where(step)} is not text", expected, value)
-        if self.regex.search(text):
+        if self.regex.found(text):
             return PASS
         return Outcome("fail", step, f"{step.name} at {run.where(step)}: {self.arg} {text!r} does not match "
                        f"{self.regex.pattern!r}", expected, value)  # fmt: skip

@@ -15,6 +15,7 @@ from otel_plumb.check import schema as sc
 from otel_plumb.check.errors import PolicyError
 from otel_plumb.check.expr import BUDGET_EXCEEDED, BudgetExceeded, EvaluationError, Expression, ExpressionError
 from otel_plumb.check.reference import MatchesReference, context_reference, file_reference, reference_calls
+from otel_plumb.check.regex import Regex
 from otel_plumb.check.source import LocatedYaml, read_located
 from otel_plumb.check.values import MISSING, lookup, parse_path
 from otel_plumb.model import Severity, Step, Trajectory, Verdict
@@ -28,14 +29,6 @@ ARG_VARIABLES = ("args", "result", "ctx", "step", "steps", "trajectory")
 def budget_exceeded(verdict: Verdict) -> bool:
     """An indeterminate verdict because the trajectory's CEL cost budget ran out (to count it)."""
     return verdict.verdict == "indeterminate" and verdict.message.startswith(BUDGET_EXCEEDED)
-
-
-def compile_regex(pattern: str) -> Any:
-    """An RE2 regex (linear time in the text, whatever the pattern). Raises ``re2.error`` for
-    what RE2 does not have (backreferences, lookaround) or a pattern too large to compile."""
-    options = re2.Options()
-    options.log_errors = False
-    return re2.compile(pattern, options)
 
 
 def regex_problem(exc: Exception) -> str:
@@ -68,11 +61,11 @@ class Glob:
         if self.service is None:
             return True
         names = list(services)
-        return bool(names) and all(self.service.search(n) is not None for n in names)
+        return bool(names) and all(self.service.found(n) for n in names)
 
 
-def _glob(pattern: str | None) -> Any:
-    return None if pattern is None else compile_regex(glob_regex(pattern))
+def _glob(pattern: str | None) -> Regex | None:
+    return None if pattern is None else Regex(glob_regex(pattern))
 
 
 def glob_regex(pattern: str) -> str:
@@ -109,8 +102,8 @@ def glob_regex(pattern: str) -> str:
     return r"\A(?s:" + "".join(out) + r")\z"
 
 
-def _glob_ok(pattern: Any, value: str | None) -> bool:
-    return pattern is None or (value is not None and pattern.search(value) is not None)
+def _glob_ok(pattern: Regex | None, value: str | None) -> bool:
+    return pattern is None or (value is not None and pattern.found(value))
 
 
 class Scope:
@@ -560,7 +553,7 @@ def _compile_invariant(
     elif inv.arg_matches is not None:
         m = inv.arg_matches
         try:
-            regex = compile_regex(m.regex)
+            regex = Regex(m.regex)
         except re2.error as exc:
             raise doc.error(
                 (*here, "regex"), f"regex {m.regex!r} does not compile with RE2: {regex_problem(exc)} (RE2 has no "
