@@ -21,7 +21,6 @@ import ssl
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, cast
 
@@ -64,7 +63,7 @@ from otel_plumb.processor.consumers import (
     StoreConsumer,
     VerdictLogConsumer,
 )
-from otel_plumb.processor.spans import SpanTaker
+from otel_plumb.processor.spans import PendingEarly, SpanTaker
 from otel_plumb.ratelimit import RateLimitedLog
 from otel_plumb.receive import auth, connections, grpc_server, http_server
 from otel_plumb.receive.otlp import OriginWire, ReceivedRequest, UnreadSpan
@@ -109,12 +108,6 @@ def _verdict_of(decided: Decided) -> tuple[str, frozenset[tuple[str, str]]]:
 def _keys(decision: Decision | None) -> set[tuple[str, str]]:
     """The (policy, invariant) keys of an early decision's failures."""
     return set() if decision is None else {(v.policy, v.invariant) for v in decision.decided.verdicts}
-
-
-@dataclass(slots=True)
-class _PendingEarly:
-    deadline: float  # time.monotonic()
-    keys: set[tuple[str, str]]  # (policy, invariant)
 
 
 class Processor:
@@ -186,11 +179,11 @@ class Processor:
         self._early: dict[str, set[tuple[str, str]]] = {}
         # Early failures found, reported once they still hold confirm_wait later (a batch held
         # up by a retry may hold what undoes them): per trace, in deadline order.
-        self._early_pending: dict[str, _PendingEarly] = {}
+        self._early_pending: dict[str, PendingEarly] = {}
         # Traces held for late spans (Assembler.wait_for_late_spans): the verdict they waited with.
         self._waited: dict[str, tuple[str, frozenset[tuple[str, str]]]] = {}
         self._rooted: set[str] = set()
-        self._spans = SpanTaker(self.intake, self._early_checks, self._early_watch.state,
+        self._spans = SpanTaker(self.intake, self._early_checks, self._early_watch,
                                 self._last_arrival, self._rooted, self._early_state)  # fmt: skip
         self._incoming = 0  # spans of requests accepted but not yet buffered
         self._incoming_bytes = 0  # and their bytes (the memory limiter counts them too)
@@ -567,13 +560,10 @@ class Processor:
         self._note_evictions()
         early: list[Decision] = []
         if self._early_checks:
-            for tid in spans.touched:
-                # Once the root span (which ends last) is in, the full verdict is one idle_timeout
-                # away: early checks are for trajectories still running.
-                if tid not in self._rooted and not intake.is_decided(tid):
-                    found = self._early_check(tid)
-                    if found is not None:
-                        early.append(found)
+            for tid, state, may_fail in self._spans.early_checks_due(spans.touched, self._early, self._early_pending):
+                found = self._early_check(tid, state, may_fail)
+                if found is not None:
+                    early.append(found)
             for tid in spans.tombstoned:
                 found = self._tombstone_check(tid)
                 if found is not None:
@@ -599,34 +589,29 @@ class Processor:
 
     # ---- check ---------------------------------------------------------------------------------
 
-    def _early_check(self, trace_id: str) -> Decision | None:
+    def _early_check(self, trace_id: str, state: EarlyState, may_fail: list[tuple[str, str]]) -> Decision | None:
         """Failures already certain (never_call, precedes, call_count max, budget) on a trace
         still in flight, each reported once; the full evaluation follows at completion. The
-        trace's counters say first whether one may fail: the partial trajectory is built only
-        then. With ``confirm_wait``, a failure found is reported once it still holds that much
-        later (``_confirm_early``), while the trace is still in flight."""
-        state = self._early_state.get(trace_id)
-        if state is None:
-            return None
-        reported: set[tuple[str, str]] | frozenset[tuple[str, str]] = self._early.get(trace_id, frozenset())
-        pending = self._early_pending.get(trace_id)
-        may_fail = self._early_watch.may_fail(state, reported | pending.keys if pending else reported)
-        if not may_fail or not state.worth_checking(may_fail):
-            return None
+        trace's counters said that the invariants ``may_fail`` may now fail
+        (``SpanTaker.early_checks_due``): the partial trajectory is built only then. With
+        ``confirm_wait``, a failure found is reported once it still holds that much later
+        (``_confirm_early``), while the trace is still in flight."""
         wait = self.config.assembly.confirm_wait
         if not wait:
             decision = self._report_early(trace_id, state, frozenset(may_fail))
             state.checked(may_fail, _keys(decision))
             return decision
         # Found now, reported (and added to ``reported``) only if it still holds at the deadline.
-        found = self._new_early_failures(trace_id, self._partial(trace_id), set(reported), state.services,
+        reported = set(self._early.get(trace_id, ()))
+        found = self._new_early_failures(trace_id, self._partial(trace_id), reported, state.services,
                                          frozenset(may_fail))  # fmt: skip
         state.checked(may_fail, _keys(found))
         if found is not None:
             # To the end of the deadline order: every failure pending for the trace waits from now.
-            keys = self._early_pending.pop(trace_id).keys if pending else set()
+            pending = self._early_pending.pop(trace_id, None)
+            keys = pending.keys if pending is not None else set()
             keys.update(_keys(found))
-            self._early_pending[trace_id] = _PendingEarly(time.monotonic() + wait, keys)
+            self._early_pending[trace_id] = PendingEarly(time.monotonic() + wait, keys)
         return None
 
     def _confirm_early(self, now: float) -> list[Decision]:

@@ -4,11 +4,11 @@ runs once per span received. The processor counts, logs, checks and forwards wha
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from otel_plumb.assemble import AddOutcome
-from otel_plumb.check.early import EarlyState
+from otel_plumb.check.early import EarlyState, EarlyWatch
 from otel_plumb.export.annotate import Forwarded, Origin, SpanIds
 from otel_plumb.intake import Intake, Source
 from otel_plumb.model import NormalisedSpan, SpanRecord
@@ -48,23 +48,66 @@ class TakenSpans:
         self.unread: list[tuple[str, str]] = []
 
 
+class PendingEarly:
+    """Early failures found on a trace in flight, reported once they still hold at ``deadline``
+    (``time.monotonic()``, with ``assembly.confirm_wait``): their (policy, invariant) keys."""
+
+    __slots__ = ("deadline", "keys")
+
+    def __init__(self, deadline: float, keys: set[tuple[str, str]]) -> None:
+        self.deadline = deadline
+        self.keys = keys
+
+
+# The early invariants worth checking on a trace now: (trace id, its counters, their keys).
+EarlyCheck = tuple[str, EarlyState, list[tuple[str, str]]]
+
+_NONE_REPORTED: frozenset[tuple[str, str]] = frozenset()
+
+
 class SpanTaker:
     """Feeds requests' spans to ``intake`` and keeps, per trace in flight, when its last span
     came (``last_arrival``), whether its root is in (``rooted``) and, with ``early_checks``,
-    its early-check counters (``early_state``, made by ``new_state``). O(spans) per request."""
+    its early-check counters (``early_state``, made by ``watch``). O(spans) per request."""
 
-    __slots__ = ("early_checks", "early_state", "intake", "last_arrival", "new_state", "rooted")
+    __slots__ = ("early_checks", "early_state", "intake", "last_arrival", "rooted", "watch")
 
     def __init__(
-        self, intake: Intake, early_checks: bool, new_state: Callable[[], EarlyState],
-        last_arrival: dict[str, float], rooted: set[str], early_state: dict[str, EarlyState],
+        self, intake: Intake, early_checks: bool, watch: EarlyWatch, last_arrival: dict[str, float],
+        rooted: set[str], early_state: dict[str, EarlyState],
     ) -> None:  # fmt: skip
         self.intake = intake
         self.early_checks = early_checks
-        self.new_state = new_state
+        self.watch = watch
         self.last_arrival = last_arrival
         self.rooted = rooted
         self.early_state = early_state
+
+    def early_checks_due(
+        self, touched: Iterable[str], reported: Mapping[str, set[tuple[str, str]]],
+        pending: Mapping[str, PendingEarly],
+    ) -> list[EarlyCheck]:  # fmt: skip
+        """Of the traces a request gave steps to, those still running (root not in, not decided)
+        on which an early invariant not yet ``reported`` nor ``pending`` may fail now, as their
+        counters say, and is worth checking (``EarlyState.worth_checking``). Asked after every
+        request for each trace it touched: O(early invariants x tools they name) per trace."""
+        out: list[EarlyCheck] = []
+        rooted, early_state, watch, decided = self.rooted, self.early_state, self.watch, self.intake.is_decided
+        for tid in touched:
+            # Once the root span (which ends last) is in, the full verdict is one idle_timeout
+            # away: early checks are for trajectories still running.
+            if tid in rooted or decided(tid):
+                continue
+            state = early_state.get(tid)
+            if state is None:
+                continue
+            known = reported.get(tid)
+            done: set[tuple[str, str]] | frozenset[tuple[str, str]] = _NONE_REPORTED if known is None else known
+            waiting = pending.get(tid)
+            may_fail = watch.may_fail(state, done if waiting is None else done | waiting.keys)
+            if may_fail and state.worth_checking(may_fail):
+                out.append((tid, state, may_fail))
+        return out
 
     def take(
         self, records: Sequence[SpanRecord | UnreadSpan], wires: Sequence[tuple[bytes, bytes, int]],
@@ -116,7 +159,7 @@ class SpanTaker:
                     if state is not None:
                         state.add(normalised)
                     elif normalised.kind != "other":
-                        state = early_state[tid] = self.new_state()
+                        state = early_state[tid] = self.watch.state()
                         for buffered in intake.buffered_spans(tid):
                             state.add(buffered)
                     if normalised.kind != "other":
