@@ -13,7 +13,7 @@ import gc
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal
 
 from otel_plumb.assemble import AddOutcome, AssemblyLimits
 from otel_plumb.intake import Intake, Source
@@ -23,10 +23,10 @@ from otel_plumb.receive.files import ReadError, read_batches
 GroupBy = Literal["trace", "session"]
 # How many later spans a trace waits, after its last span, for stragglers (other services,
 # late exporters) before it is assembled.
-DEFAULT_WINDOW_SPANS = 50_000
+DEFAULT_WINDOW_SPANS: Final = 50_000
 # Errors kept with their location; past this only the count grows.
-MAX_ERRORS_KEPT = 1_000
-_DUE_EVERY = 1_024
+MAX_ERRORS_KEPT: Final = 1_000
+_DUE_EVERY: Final = 1_024
 
 
 @dataclass(slots=True)

@@ -28,7 +28,7 @@ import enum
 import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal
 
 from otel_plumb.assemble.trajectory import build_trajectory
 from otel_plumb.model.trajectory import MISSING_PARENT, NormalisedSpan, Trajectory
@@ -54,12 +54,12 @@ class AssemblyLimits:
 
 # Calls a tombstone keeps; past this it says so, and checks that need every earlier call (an
 # earlier call may be among those not kept) are no longer certain on it.
-TOMBSTONE_MAX_CALLS = 256
+TOMBSTONE_MAX_CALLS: Final = 256
 # Span kinds a tombstone keeps: what the checks that can fail on part of a trace read.
-_TOMBSTONE_KINDS = frozenset({"tool", "agent"})
+_TOMBSTONE_KINDS: Final = frozenset({"tool", "agent"})
 # Evictions, by reason.
-EVICTED_MAX_TRACES = "max_traces"
-EVICTED_MAX_WAIT = "max_wait"
+EVICTED_MAX_TRACES: Final = "max_traces"
+EVICTED_MAX_WAIT: Final = "max_wait"
 
 
 class AddOutcome(enum.Enum):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from operator import attrgetter
+from typing import Final
 
 from otel_plumb.model.trajectory import (
     HANDOFF_TOOLS,
@@ -19,7 +20,7 @@ from otel_plumb.model.trajectory import (
 from otel_plumb.normalise.hints import CAPTURE_HINTS
 
 # Unrecognised spans named in the problem line, at most.
-_NAMED = 5
+_NAMED: Final = 5
 
 
 def build_trajectory(
@@ -214,7 +215,7 @@ def _uncovered_requests(
     return [s for s in late if s.parent_span_id not in named and s.span_id not in named_parents]
 
 
-_MAX_NAMED = 5
+_MAX_NAMED: Final = 5
 
 
 def _unrecognised_problem(spans: list[NormalisedSpan]) -> str:
@@ -259,7 +260,7 @@ def _hidden_calls_problems(spans: list[NormalisedSpan]) -> list[str]:
     return lines
 
 
-_start = attrgetter("start_ns")
+_start: Final = attrgetter("start_ns")
 
 
 def _depths(spans: list[NormalisedSpan], by_id: dict[str, NormalisedSpan]) -> dict[str, int]:

@@ -19,7 +19,7 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 
 from otel_plumb.check.expr import BudgetExceeded, CostBudget, EvaluationError, Expression
 from otel_plumb.check.regex import Regex
@@ -47,7 +47,7 @@ class Outcome:
         self.got = got
 
 
-PASS = Outcome("pass")
+PASS: Final = Outcome("pass")
 
 
 def tools_text(tools: Tools) -> str:
@@ -141,7 +141,7 @@ class Run:
         return act
 
 
-STEP_FIELDS: dict[str, Callable[[Step], Any]] = {
+STEP_FIELDS: Final[dict[str, Callable[[Step], Any]]] = {
     "index": lambda s: s.index,
     "kind": lambda s: s.kind,
     "name": lambda s: s.name,
@@ -156,7 +156,7 @@ STEP_FIELDS: dict[str, Callable[[Step], Any]] = {
     "duration_ms": lambda s: s.duration_ms,
     "tokens": lambda s: s.tokens,
 }
-TRAJECTORY_FIELDS: dict[str, Callable[[Trajectory, Run], Any]] = {
+TRAJECTORY_FIELDS: Final[dict[str, Callable[[Trajectory, Run], Any]]] = {
     "key": lambda t, r: t.key,
     "trace_id": lambda t, r: t.trace_id,
     "service": lambda t, r: t.service,
@@ -462,7 +462,7 @@ class Budget(Check):
         return unknown or PASS
 
 
-_BUDGET_COUNTS: dict[str, Callable[[Sequence[Step]], list[Step]]] = {
+_BUDGET_COUNTS: Final[dict[str, Callable[[Sequence[Step]], list[Step]]]] = {
     "max_steps": lambda steps: list(steps),
     "max_tool_calls": lambda steps: [s for s in steps if s.kind == "tool"],
     "max_llm_calls": lambda steps: [s for s in steps if s.kind == "llm"],
@@ -472,8 +472,8 @@ _BUDGET_COUNTS: dict[str, Callable[[Sequence[Step]], list[Step]]] = {
 # limits: the spans still to come start earlier than those seen and shift the crossing point of
 # the others (the root, a step and the start of the duration; a framework's model-call span
 # around the client library's, which takes over its count and tokens).
-_CROSSING_KNOWN_EARLY = frozenset({"max_tool_calls", "max_tool_errors"})
-_CROSSING_LATER = "where the limit was crossed is known when the trajectory completes"
+_CROSSING_KNOWN_EARLY: Final = frozenset({"max_tool_calls", "max_tool_errors"})
+_CROSSING_LATER: Final = "where the limit was crossed is known when the trajectory completes"
 
 
 def _duration(steps: Sequence[Step], limit: float, locate: bool) -> Outcome:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 from collections.abc import Iterable, Sequence
+from typing import Final
 
 from otel_plumb.check.policy import CompiledPolicy
 from otel_plumb.model import Decided, Trajectory, Verdict, trajectory_status
@@ -74,11 +75,11 @@ def _agent_run(trajectory: Trajectory) -> bool:
     return trajectory.has_agent_spans or trajectory.incomplete_reason in _UNREAD
 
 
-_UNREAD = frozenset({UNREADABLE_SPAN, UNREADABLE_INPUT})
+_UNREAD: Final = frozenset({UNREADABLE_SPAN, UNREADABLE_INPUT})
 
 # The HMAC key when none is configured: one per process, so hashed values compare equal within
 # one run (one report, one processor's lifetime) and not across runs.
-_RUN_KEY = secrets.token_bytes(32)
+_RUN_KEY: Final = secrets.token_bytes(32)
 
 
 def redaction_for(

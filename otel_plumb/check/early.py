@@ -43,13 +43,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from otel_plumb.check import checks as ck
 from otel_plumb.check.policy import CompiledInvariant, CompiledPolicy, Glob
 from otel_plumb.model.trajectory import HANDOFF_TOOLS, TRANSFER_PREFIX, NormalisedSpan, Step, Trajectory
 from otel_plumb.model.verdict import Verdict
 
-_NEVER = 1 << 64  # no such call yet: later than any start time (OTLP times are 64-bit)
+_NEVER: Final = 1 << 64  # no such call yet: later than any start time (OTLP times are 64-bit)
 
 
 @dataclass(slots=True, init=False)

@@ -27,13 +27,13 @@ import math
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import cel
 
 # Functions of the CEL standard library this binding implements (macros such as has, all,
 # exists, exists_one, map and filter are expanded by the parser and never listed).
-_FUNCTIONS = frozenset(
+_FUNCTIONS: Final = frozenset(
     {
         "size", "contains", "startsWith", "endsWith", "matches", "int", "uint", "double", "string",
         "bytes", "type", "timestamp", "duration", "dyn", "getFullYear", "getMonth", "getDate",
@@ -41,10 +41,10 @@ _FUNCTIONS = frozenset(
         "getMilliseconds",
     }
 )  # fmt: skip
-_MACRO_VARIABLE = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,")
+_MACRO_VARIABLE: Final = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,")
 
 
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_WORD: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Limits on what one expression may cost. The binding has no cost or time limit of its own and
 # holds the interpreter until it returns, so the bounds are set here: nested comprehensions over
@@ -52,21 +52,21 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # evaluations), so more than MAX_NESTING are refused at load; and before each evaluation its cost
 # (values converted into CEL, comprehension iterations) is estimated and charged to the
 # trajectory's budget: an expression over the steps evaluated once per call adds up too.
-MAX_SOURCE_CHARS = 10_000
-MAX_NESTING = 2
-COST_BUDGET = 1_000_000
-CONVERT_COST = 3
-FILTER_COPY_COST = 0.25
+MAX_SOURCE_CHARS: Final = 10_000
+MAX_NESTING: Final = 2
+COST_BUDGET: Final = 1_000_000
+CONVERT_COST: Final = 3
+FILTER_COPY_COST: Final = 0.25
 # A verdict made indeterminate by the budget has a message starting with this.
-BUDGET_EXCEEDED = "CEL cost budget exceeded"
-_MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
-_TOKEN = re.compile(
+BUDGET_EXCEEDED: Final = "CEL cost budget exceeded"
+_MACROS: Final = frozenset({"all", "exists", "exists_one", "map", "filter"})
+_TOKEN: Final = re.compile(
     r"""(?P<space>\s+)|(?P<comment>//[^\n]*)"""
     r"""|(?P<string>[rRbB]{0,2}(?:'{3}[\s\S]*?'{3}|"{3}[\s\S]*?"{3}|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*"))"""
     r"""|(?P<ident>[A-Za-z_][A-Za-z0-9_]*)|(?P<number>\d[\w.]*)|(?P<punct>.)""",
 )
-_OPEN = {"(": ")", "[": "]", "{": "}"}
-_CLOSE = {v: k for k, v in _OPEN.items()}
+_OPEN: Final = {"(": ")", "[": "]", "{": "}"}
+_CLOSE: Final = {v: k for k, v in _OPEN.items()}
 
 
 @dataclass(slots=True)
@@ -456,13 +456,13 @@ class _Native:
 
 
 # ``var.field == literal`` (or ``!=``): a string without escapes, an int, a boolean or null.
-_COMPARISON = re.compile(
+_COMPARISON: Final = re.compile(
     r"""\s*([A-Za-z_][A-Za-z0-9_]*)\s*\.\s*([A-Za-z_][A-Za-z0-9_]*)\s*(==|!=)\s*"""
     r"""('[^'\\\n]*'|"[^"\\\n]*"|-?[0-9]+(?![0-9.eEuUxX])|(?:true|false|null)(?![A-Za-z0-9_]))\s*"""
 )
-_JOIN = re.compile(r"&&|\|\|")
-_NULL_COMPARABLE = (str, bool, int)
-_MAX_INT64 = 2**63 - 1
+_JOIN: Final = re.compile(r"&&|\|\|")
+_NULL_COMPARABLE: Final = (str, bool, int)
+_MAX_INT64: Final = 2**63 - 1
 
 
 def _predicate(body: str, var: str) -> Callable[[Any], bool | None] | None:
@@ -524,8 +524,8 @@ def _predicate(body: str, var: str) -> Callable[[Any], bool | None] | None:
     return decide
 
 
-NATIVE_PREFIX = "__plumb_native_"
-_NATIVE_MACROS = frozenset({"filter", "map", "exists", "all"})
+NATIVE_PREFIX: Final = "__plumb_native_"
+_NATIVE_MACROS: Final = frozenset({"filter", "map", "exists", "all"})
 
 
 def _natives(

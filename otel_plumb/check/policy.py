@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Container, Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import re2
 from pydantic import ValidationError
@@ -22,8 +22,8 @@ from otel_plumb.model import Severity, Step, Trajectory, Verdict
 from otel_plumb.model.trajectory import DATA_LOST, TRANSFER_PREFIX, UNRECOGNISED_SPANS
 from otel_plumb.redact.config import RedactionRules
 
-GUARD_VARIABLES = ("ctx", "steps", "trajectory")
-ARG_VARIABLES = ("args", "result", "ctx", "step", "steps", "trajectory")
+GUARD_VARIABLES: Final = ("ctx", "steps", "trajectory")
+ARG_VARIABLES: Final = ("args", "result", "ctx", "step", "steps", "trajectory")
 
 
 def budget_exceeded(verdict: Verdict) -> bool:
@@ -249,9 +249,9 @@ class CompiledInvariant:
 
 
 # Conventions of spans that may hide a tool call: none read them.
-_UNREAD_CONVENTIONS = frozenset({"unknown", "unrecognised"})
+_UNREAD_CONVENTIONS: Final = frozenset({"unknown", "unrecognised"})
 # Span names whose tools a policy remembers at once.
-_SPAN_NAMES_MAX = 10_000
+_SPAN_NAMES_MAX: Final = 10_000
 
 
 class CompiledPolicy:

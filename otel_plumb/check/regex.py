@@ -4,12 +4,12 @@ agent under test: RE2, so matching takes time linear in the text, whatever the p
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import re2
 
-_UNANCHORED = re2._Anchor.UNANCHORED
-_NO_MATCH = (-1, -1)
+_UNANCHORED: Final = re2._Anchor.UNANCHORED
+_NO_MATCH: Final = (-1, -1)
 
 
 class Regex:

@@ -12,7 +12,7 @@ import re
 import unicodedata
 from collections.abc import Hashable
 from decimal import Decimal, InvalidOperation
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from otel_plumb.model.text import parse_json
 
@@ -26,10 +26,10 @@ class _Missing:
         return "<missing>"
 
 
-MISSING: Any = _Missing()
+MISSING: Final[Any] = _Missing()
 
 PathSegment = str | int
-_SEGMENT = re.compile(r"([^.\[\]]+)|\[(-?\d+)\]")
+_SEGMENT: Final = re.compile(r"([^.\[\]]+)|\[(-?\d+)\]")
 
 
 def parse_path(text: str) -> tuple[PathSegment, ...]:
@@ -85,9 +85,9 @@ def lookup(value: Any, path: tuple[PathSegment, ...]) -> Any:
 
 # Plain decimals, optionally signed, optionally with an exponent; and English thousands
 # grouping ("4,820.00"), accepted only in its strict form (groups of exactly three digits).
-_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
-_GROUPED = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d+)?")
-_SPACE = re.compile(r"\s+")
+_NUMBER: Final = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+_GROUPED: Final = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d+)?")
+_SPACE: Final = re.compile(r"\s+")
 
 
 def as_number(value: Any, *, strings: bool = True) -> Decimal | None:

@@ -17,7 +17,7 @@ import os
 import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope
@@ -27,7 +27,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from otel_plumb.model import Trajectory, Verdict
 from otel_plumb.receive.otlp import to_key_values
 
-VIOLATION_EVENT = "plumb.violation"
+VIOLATION_EVENT: Final = "plumb.violation"
 
 
 # A resource or instrumentation scope as exported: serialised, with its schema URL.
@@ -102,7 +102,7 @@ class Forwarded:
 
 
 # Default cut for annotation values (exporters.otlp.max_annotation_chars).
-MAX_ANNOTATION_CHARS = 1024
+MAX_ANNOTATION_CHARS: Final = 1024
 
 
 def _text(value: Any) -> str:
@@ -200,7 +200,7 @@ def redact_span(span: Span, text: Callable[[str], str]) -> None:
 
 
 # Deeper values than this are cleared: nothing forwarded is left unscanned.
-_MAX_VALUE_DEPTH = 64
+_MAX_VALUE_DEPTH: Final = 64
 
 
 def _redact_value(value: AnyValue, text: Callable[[str], str], depth: int) -> None:
@@ -231,7 +231,7 @@ def encode_requests(
 
 # Bytes a resource or scope wrapper may add to a request, besides the spans (an estimate, so
 # that requests stay under max_bytes without serialising them twice).
-_GROUP_OVERHEAD = 64
+_GROUP_OVERHEAD: Final = 64
 
 # Spans grouped for one request, per resource and per scope.
 _Groups = dict[Wire, dict[Wire, list[bytes]]]
@@ -296,7 +296,7 @@ _TAG_1, _TAG_2, _TAG_3 = b"\x0a", b"\x12", b"\x1a"
 
 
 # Lengths and small ints under 2^14, the usual case, written without a loop.
-_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
+_ONE_BYTE: Final = [bytes((n,)) for n in range(0x80)]
 
 
 def _varint(n: int) -> bytes:
@@ -384,13 +384,13 @@ Event = tuple[str, int, dict[str, Any]]
 # KeyValue key = 1, value = 2; AnyValue string = 1, bool = 2, int = 3, double = 4 (fixed64),
 # array = 5, kvlist = 6, bytes = 7; ArrayValue and KeyValueList values = 1.
 _SPAN_ATTRIBUTE, _SPAN_EVENT = b"\x4a", b"\x5a"
-_EVENT_TIME = b"\x09"
+_EVENT_TIME: Final = b"\x09"
 _BOOL_TRUE, _BOOL_FALSE = b"\x10\x01", b"\x10\x00"
 _INT, _DOUBLE = b"\x18", b"\x21"
 _ARRAY, _KVLIST, _BYTES = b"\x2a", b"\x32", b"\x3a"
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-_DOUBLE_BYTES = struct.Struct("<d").pack
-_FIXED64 = struct.Struct("<Q").pack
+_DOUBLE_BYTES: Final = struct.Struct("<d").pack
+_FIXED64: Final = struct.Struct("<Q").pack
 
 
 def span_addition(attributes: dict[str, Any], events: Iterable[Event] = ()) -> bytes:
@@ -411,9 +411,9 @@ def _utf8(text: str) -> bytes:
 
 # Encoded key-values of short scalar values (names, verdicts, severities, counts: most of what
 # annotations repeat from trajectory to trajectory), bounded: cleared when full.
-_KEY_VALUES: dict[tuple[str, type, str | int | float], bytes] = {}
-_KEY_VALUES_MAX = 4096
-_CACHED_CHARS = 64
+_KEY_VALUES: Final[dict[tuple[str, type, str | int | float], bytes]] = {}
+_KEY_VALUES_MAX: Final = 4096
+_CACHED_CHARS: Final = 64
 
 
 def _key_value(key: str, value: Any) -> bytes:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Final
 
 from otel_plumb.assemble import AddOutcome, Assembler, AssemblyLimits, Finished, Tombstone
 from otel_plumb.model import NormalisedSpan, SpanRecord, Trajectory
@@ -21,9 +22,9 @@ from otel_plumb.normalise import normalise
 
 # Traces with marks kept at once; past this the oldest marks go (they belong to traces long
 # decided: a mark is read when its trace is).
-MAX_MARKED_TRACES = 100_000
+MAX_MARKED_TRACES: Final = 100_000
 # Problem lines kept per trace.
-MAX_PROBLEMS_PER_TRACE = 20
+MAX_PROBLEMS_PER_TRACE: Final = 20
 
 
 class Source:

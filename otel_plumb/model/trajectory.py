@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 StepKind = Literal["tool", "llm", "agent", "other"]
 
@@ -22,7 +22,7 @@ CaptureStatus = Literal["captured", "absent", "redacted", "undecodable"]
 # Attributes reserved for campaigns and ground truth; kept on the trajectory from the start.
 RESERVED_PREFIX = "plumb."
 CASE_ID, VARIANT_ID, TRIAL_ID, ARM = "plumb.case.id", "plumb.variant.id", "plumb.trial.id", "plumb.arm"
-CONTEXT_PREFIX = "plumb.context."
+CONTEXT_PREFIX: Final = "plumb.context."
 
 # Incomplete reasons meaning spans (or what they say) may be missing from anywhere in the
 # trajectory, not only that later spans have not arrived: a span could not be read, a region of
@@ -35,7 +35,7 @@ MISSING_PARENT = "missing_parent"
 TOOL_CALLS_NOT_CAPTURED = "tool_calls_not_captured"
 UNRECOGNISED_SPANS = "unrecognised_spans"
 # The tool results of a span that has none (shared, read-only).
-NO_TOOL_RESULTS: Mapping[str, Any] = MappingProxyType({})
+NO_TOOL_RESULTS: Final[Mapping[str, Any]] = MappingProxyType({})
 
 DATA_LOST = frozenset({UNREADABLE_SPAN, UNREADABLE_INPUT, MISSING_PARENT, TOOL_CALLS_NOT_CAPTURED, UNRECOGNISED_SPANS})
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from otel_plumb.model.trajectory import Trajectory
 
@@ -12,7 +12,7 @@ VerdictValue = Literal["pass", "fail", "not_applicable", "indeterminate"]
 Severity = Literal["critical", "high", "medium", "low"]
 TrajectoryStatus = Literal["violating", "indeterminate", "conformant", "unchecked"]
 
-SEVERITIES: tuple[Severity, ...] = ("critical", "high", "medium", "low")
+SEVERITIES: Final[tuple[Severity, ...]] = ("critical", "high", "medium", "low")
 
 
 @dataclass(slots=True, init=False)  # its own __init__: see model/trajectory.py

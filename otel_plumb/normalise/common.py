@@ -4,7 +4,7 @@ the short attributes kept for checks, and setting arguments/results from raw val
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from otel_plumb.model.span import STATUS_ERROR, SpanRecord
 from otel_plumb.model.trajectory import RESERVED_PREFIX, NormalisedSpan, RequestedCall
@@ -13,13 +13,13 @@ from otel_plumb.normalise.values import decode, is_placeholder, unwrap_call
 # A convention reader fills in kind, name, convention, args, ... on a base NormalisedSpan.
 Reader = Callable[[SpanRecord, NormalisedSpan], None]
 
-MAX_ATTRIBUTE_CHARS = 256
+MAX_ATTRIBUTE_CHARS: Final = 256
 
 # Span attributes left out of NormalisedSpan.attributes: the conventions' own namespaces, which
 # the readers turn into fields (tool name, args, tokens, ...), and flattened message payloads.
 # What stays is what a trajectory-level check needs: task keys, plumb.*, session/user ids, and
 # user metadata the conventions carry for the application (kept by _USER_PREFIXES).
-_CONVENTION_PREFIXES = (
+_CONVENTION_PREFIXES: Final = (
     "gen_ai.",
     "llm.",
     "ai.",
@@ -50,10 +50,10 @@ _CONVENTION_PREFIXES = (
     "events",
     "metadata",
 )
-_USER_PREFIXES = ("traceloop.association.properties.", "ai.telemetry.metadata.", "langsmith.metadata.")
+_USER_PREFIXES: Final = ("traceloop.association.properties.", "ai.telemetry.metadata.", "langsmith.metadata.")
 
 # Attributes that carry the conversation/session key, in order of preference.
-SESSION_KEYS = (
+SESSION_KEYS: Final = (
     "gen_ai.conversation.id",
     "session.id",
     "langfuse.session.id",
@@ -69,24 +69,24 @@ SESSION_KEYS = (
 )
 
 # (input, output) token attribute pairs, newest convention first.
-_TOKEN_PAIRS = (
+_TOKEN_PAIRS: Final = (
     ("gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"),
     ("gen_ai.usage.prompt_tokens", "gen_ai.usage.completion_tokens"),
     ("llm.token_count.prompt", "llm.token_count.completion"),
     ("ai.usage.promptTokens", "ai.usage.completionTokens"),
     ("ai.usage.inputTokens", "ai.usage.outputTokens"),
 )
-_TOTAL_TOKEN_KEYS = ("gen_ai.usage.total_tokens", "llm.token_count.total", "llm.usage.total_tokens")
+_TOTAL_TOKEN_KEYS: Final = ("gen_ai.usage.total_tokens", "llm.token_count.total", "llm.usage.total_tokens")
 
 # Span attributes holding a model call's finish reason(s); instrumentations keep them when content
 # capture is off: OTel GenAI (opentelemetry-instrumentation-openai-v2, OpenLLMetry 0.5x and later,
 # LangSmith) ``gen_ai.response.finish_reasons``, OpenInference ``llm.finish_reason``, Vercel AI SDK
 # ``ai.response.finishReason``; older OpenLLMetry writes ``gen_ai.completion.N.finish_reason``.
-_FINISH_KEYS = frozenset({"gen_ai.response.finish_reasons", "llm.finish_reason", "ai.response.finishReason"})
-_FLAT_FINISH = ("gen_ai.completion.", ".finish_reason")
+_FINISH_KEYS: Final = frozenset({"gen_ai.response.finish_reasons", "llm.finish_reason", "ai.response.finishReason"})
+_FLAT_FINISH: Final = ("gen_ai.completion.", ".finish_reason")
 # Finish reasons meaning "the model asked for tool calls": OpenAI "tool_calls" (legacy
 # "function_call"), the GenAI enum "tool_call", Vercel "tool-calls", Anthropic/Bedrock "tool_use".
-_TOOL_FINISH_REASONS = frozenset({"tool_calls", "tool_call", "tool-calls", "tool_use", "function_call"})
+_TOOL_FINISH_REASONS: Final = frozenset({"tool_calls", "tool_call", "tool-calls", "tool_use", "function_call"})
 
 
 class Shape:
@@ -177,7 +177,7 @@ def error_of(span: SpanRecord) -> str | None:
     return str(error_type) if error_type else "error"
 
 
-_MAX_ERROR_CHARS = 300
+_MAX_ERROR_CHARS: Final = 300
 
 
 def error_line(message: str) -> str:
@@ -312,7 +312,7 @@ def _note_redacted_fields(out: NormalisedSpan, args: dict[Any, Any], source: str
             out.problems += (f"{source}: argument {key!r} is a redaction placeholder",)
 
 
-_MAX_PLACEHOLDER_CHARS = 32
+_MAX_PLACEHOLDER_CHARS: Final = 32
 
 
 def set_result(out: NormalisedSpan, raw: Any, source: str) -> bool:
@@ -394,7 +394,7 @@ def flat_results(messages: list[dict[str, Any]], role_key: str, id_key: str, con
     return out
 
 
-_MCP_RESULT_KEYS = frozenset({"content", "isError", "structuredContent", "_meta"})
+_MCP_RESULT_KEYS: Final = frozenset({"content", "isError", "structuredContent", "_meta"})
 
 
 def unwrap_content(value: Any) -> Any:

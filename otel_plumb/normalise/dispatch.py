@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
+from typing import Final
 
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan
@@ -21,7 +22,7 @@ from otel_plumb.normalise.common import Reader, Shape, base, finish
 from otel_plumb.normalise.hints import framework_of
 
 # Frameworks whose spans look like OTel GenAI but carry their payloads elsewhere.
-BY_SCOPE: dict[str, Reader] = {
+BY_SCOPE: Final[dict[str, Reader]] = {
     "pydantic-ai": pydantic_ai.read,
     "strands.telemetry.tracer": frameworks.read_strands,
     "strands-agents": frameworks.read_strands,
@@ -33,7 +34,7 @@ BY_SCOPE: dict[str, Reader] = {
 
 # (attribute, reader), most specific first: payload conventions before the GenAI attributes
 # they often carry too, MCP before GenAI (its tool spans also have gen_ai.tool.name).
-MARKERS: tuple[tuple[str, Reader], ...] = (
+MARKERS: Final[tuple[tuple[str, Reader], ...]] = (
     ("openinference.span.kind", openinference.read),
     ("langfuse.observation.type", observability.read_langfuse),
     ("mlflow.spanType", observability.read_mlflow),
@@ -52,7 +53,7 @@ MARKERS: tuple[tuple[str, Reader], ...] = (
 )
 
 # Span names that identify a convention when no attribute does (pydantic-ai data format 1).
-BY_SPAN_NAME: dict[str, Reader] = {"running tool": pydantic_ai.read, "agent run": pydantic_ai.read}
+BY_SPAN_NAME: Final[dict[str, Reader]] = {"running tool": pydantic_ai.read, "agent run": pydantic_ai.read}
 
 
 def reader_for(span: SpanRecord) -> Reader | None:
@@ -73,14 +74,16 @@ def _scope_or_marker_reader(scope_name: str, a: Collection[str]) -> Reader | Non
 # Attribute namespaces of the HTTP, database, messaging and RPC semantic conventions: such a span
 # is a plain client, server or messaging span whatever its name says ("POST /v1/chat/completions",
 # an agent runtime's "process <agent>" message delivery).
-INFRASTRUCTURE_PREFIXES = ("http.", "url.", "db.", "messaging.", "rpc.")
+INFRASTRUCTURE_PREFIXES: Final = ("http.", "url.", "db.", "messaging.", "rpc.")
 
 
 def _infrastructure(keys: Collection[str]) -> bool:
     return any(k.startswith(INFRASTRUCTURE_PREFIXES) for k in keys)
 # What an agent framework's own spans speak of, in attribute keys or span names.
-_AGENTIC_KEY = re.compile(r"tool|agent|llm|prompt|completion|handoff|crew", re.IGNORECASE)
-_AGENTIC_NAME = re.compile(r"(?<![a-z])(tools?|agents?|llm|completions?|handoffs?|crews?)(?![a-z])", re.IGNORECASE)
+_AGENTIC_KEY: Final = re.compile(r"tool|agent|llm|prompt|completion|handoff|crew", re.IGNORECASE)
+_AGENTIC_NAME: Final = re.compile(
+    r"(?<![a-z])(tools?|agents?|llm|completions?|handoffs?|crews?)(?![a-z])", re.IGNORECASE
+)
 
 
 def _unrecognised_keys(keys: tuple[str, ...]) -> bool:
@@ -93,11 +96,11 @@ def _unrecognised_keys(keys: tuple[str, ...]) -> bool:
 # Spans of one instrumentation repeat the same scope and attribute keys: what dispatch and the
 # shared fields need from those keys is worked out once per (scope, keys) and reused. Bounded,
 # so odd key spaces (flattened message lists) cannot grow it forever.
-_shapes: dict[tuple[str, tuple[str, ...]], tuple[Reader | None, Shape, bool, bool]] = {}
-_SHAPES_MAX = 10_000
+_shapes: Final[dict[tuple[str, tuple[str, ...]], tuple[Reader | None, Shape, bool, bool]]] = {}
+_SHAPES_MAX: Final = 10_000
 
 
-_frameworks: dict[str, str | None] = {}
+_frameworks: Final[dict[str, str | None]] = {}
 
 
 def normalise(span: SpanRecord) -> NormalisedSpan:

@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, RequestedCall, StepKind
 from otel_plumb.normalise import genai
@@ -29,7 +31,7 @@ from otel_plumb.normalise.common import (
 )
 from otel_plumb.normalise.values import decode
 
-_MCP_ARG_PREFIX = "mcp.request.argument."
+_MCP_ARG_PREFIX: Final = "mcp.request.argument."
 
 
 def read_mcp(span: SpanRecord, out: NormalisedSpan) -> None:
@@ -79,7 +81,7 @@ def read_strands(span: SpanRecord, out: NormalisedSpan) -> None:
                 genai.read_input(out, e.attributes.get("content"), e.name)
 
 
-ADK_MERGED_TOOLS = "(merged tools)"
+ADK_MERGED_TOOLS: Final = "(merged tools)"
 
 
 def read_adk(span: SpanRecord, out: NormalisedSpan) -> None:
@@ -113,7 +115,7 @@ def read_adk(span: SpanRecord, out: NormalisedSpan) -> None:
 # Semantic Kernel names a function "<plugin>-<function>" (the name the model calls it by); the
 # tool is the function. Its Handoff plugin is the framework's own: transfer_to_<agent> hands
 # control over (an agent step, see assemble), complete_task ends the run (not a tool).
-SK_FRAMEWORK_PLUGIN = "Handoff"
+SK_FRAMEWORK_PLUGIN: Final = "Handoff"
 
 
 def read_semantic_kernel(span: SpanRecord, out: NormalisedSpan) -> None:

@@ -10,7 +10,7 @@ on a ``gen_ai.client.inference.operation.details`` event; the older event-based 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, StepKind
@@ -25,7 +25,7 @@ from otel_plumb.normalise.common import (
 )
 from otel_plumb.normalise.values import decode
 
-OPERATION_KINDS: dict[str, StepKind] = {
+OPERATION_KINDS: Final[dict[str, StepKind]] = {
     "execute_tool": "tool",
     "invoke_agent": "agent",
     "chat": "llm",
@@ -33,12 +33,12 @@ OPERATION_KINDS: dict[str, StepKind] = {
     "generate_content": "llm",
 }
 
-ARGS_KEYS = ("gen_ai.tool.call.arguments",)
-RESULT_KEYS = ("gen_ai.tool.call.result",)
-_DETAILS_EVENT = "gen_ai.client.inference.operation.details"
-_INPUT = "gen_ai.input.messages"
-_OUTPUT = "gen_ai.output.messages"
-_MODEL_KEYS = ("gen_ai.request.model", "gen_ai.response.model")
+ARGS_KEYS: Final = ("gen_ai.tool.call.arguments",)
+RESULT_KEYS: Final = ("gen_ai.tool.call.result",)
+_DETAILS_EVENT: Final = "gen_ai.client.inference.operation.details"
+_INPUT: Final = "gen_ai.input.messages"
+_OUTPUT: Final = "gen_ai.output.messages"
+_MODEL_KEYS: Final = ("gen_ai.request.model", "gen_ai.response.model")
 
 
 def read(span: SpanRecord, out: NormalisedSpan) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 CAPTURE_HINTS: dict[str, str] = {
     "otel_genai": (
         "set OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY (or true) and "
@@ -43,7 +45,7 @@ CAPTURE_HINTS: dict[str, str] = {
 # Frameworks and instrumentations, known by the instrumentation scope of their spans (longest
 # prefix first where one is a prefix of another): the name coverage and reports give, and the
 # switch that makes each record tool arguments.
-FRAMEWORKS: tuple[tuple[str, str, str], ...] = (
+FRAMEWORKS: Final[tuple[tuple[str, str, str], ...]] = (
     ("openinference.instrumentation.smolagents", "smolagents (OpenInference)",
      "TraceConfig(hide_inputs=False, hide_outputs=False) / leave OPENINFERENCE_HIDE_INPUTS and _OUTPUTS unset"),
     ("openinference.instrumentation.openai_agents", "OpenAI Agents SDK (OpenInference)",

@@ -16,7 +16,7 @@ Tool results given back to the model (input messages) are read the same way, by 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 from otel_plumb.model.trajectory import RequestedCall
 from otel_plumb.normalise.values import decode
@@ -41,11 +41,11 @@ _CONTAINER_KEYS = (
 )
 # Their order of descent, looked up from a node's own keys (a message has a few keys; there
 # are fifteen containers, and every model call's messages are walked).
-_CONTAINER_ORDER = {key: i for i, key in enumerate(_CONTAINER_KEYS)}
-_CONTAINER_SET = frozenset(_CONTAINER_KEYS)
-_MAX_DEPTH = 8
-_CALL_TYPES = frozenset({"tool_call", "function_call", "tool-call", "tool_use", "function"})
-_RESULT_TYPES = frozenset({"tool_call_response", "tool-result", "tool_result", "function_call_output"})
+_CONTAINER_ORDER: Final = {key: i for i, key in enumerate(_CONTAINER_KEYS)}
+_CONTAINER_SET: Final = frozenset(_CONTAINER_KEYS)
+_MAX_DEPTH: Final = 8
+_CALL_TYPES: Final = frozenset({"tool_call", "function_call", "tool-call", "tool_use", "function"})
+_RESULT_TYPES: Final = frozenset({"tool_call_response", "tool-result", "tool_result", "function_call_output"})
 
 
 def requested_calls(payload: Any) -> list[RequestedCall]:
@@ -138,7 +138,7 @@ def tool_results(payload: Any) -> dict[str, Any]:
     return out
 
 
-_ASSISTANT_ROLES = frozenset({"assistant", "model", "ai"})
+_ASSISTANT_ROLES: Final = frozenset({"assistant", "model", "ai"})
 
 
 def recent_messages(payload: Any) -> Any:
@@ -196,9 +196,9 @@ def _as_result(node: dict[str, Any]) -> tuple[str, Any] | None:
     return None
 
 
-_RESULT_WRAPPERS = ("toolResult", "functionResponse", "function_response")
-_RESULT_WRAPPER_KEYS = frozenset(_RESULT_WRAPPERS)
-_NOT_CAPTURED = object()
+_RESULT_WRAPPERS: Final = ("toolResult", "functionResponse", "function_response")
+_RESULT_WRAPPER_KEYS: Final = frozenset(_RESULT_WRAPPERS)
+_NOT_CAPTURED: Final = object()
 
 
 def _decoded(raw: Any) -> Any:

@@ -17,7 +17,7 @@ to the keyword arguments when there are no positional ones.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, StepKind
@@ -25,9 +25,9 @@ from otel_plumb.normalise import genai
 from otel_plumb.normalise.common import as_int, error_line, first_str, set_args, set_result
 from otel_plumb.normalise.values import decode
 
-LANGSMITH_KINDS: dict[str, StepKind] = {"tool": "tool", "llm": "llm", "chat_model": "llm"}
-MLFLOW_KINDS: dict[str, StepKind] = {"TOOL": "tool", "LLM": "llm", "CHAT_MODEL": "llm", "AGENT": "agent"}
-LANGFUSE_KINDS: dict[str, StepKind] = {"tool": "tool", "generation": "llm", "agent": "agent"}
+LANGSMITH_KINDS: Final[dict[str, StepKind]] = {"tool": "tool", "llm": "llm", "chat_model": "llm"}
+MLFLOW_KINDS: Final[dict[str, StepKind]] = {"TOOL": "tool", "LLM": "llm", "CHAT_MODEL": "llm", "AGENT": "agent"}
+LANGFUSE_KINDS: Final[dict[str, StepKind]] = {"tool": "tool", "generation": "llm", "agent": "agent"}
 
 
 def read_langsmith(span: SpanRecord, out: NormalisedSpan) -> None:

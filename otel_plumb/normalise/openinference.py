@@ -14,7 +14,7 @@ are read instead.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, StepKind
@@ -31,9 +31,9 @@ from otel_plumb.normalise.common import (
 )
 from otel_plumb.normalise.values import decode
 
-KINDS: dict[str, StepKind] = {"TOOL": "tool", "LLM": "llm", "AGENT": "agent"}
+KINDS: Final[dict[str, StepKind]] = {"TOOL": "tool", "LLM": "llm", "AGENT": "agent"}
 
-_CALL_FIELDS = ("tool_call.function.name", "tool_call.function.arguments", "tool_call.id")
+_CALL_FIELDS: Final = ("tool_call.function.name", "tool_call.function.arguments", "tool_call.id")
 
 
 def read(span: SpanRecord, out: NormalisedSpan) -> None:
@@ -75,11 +75,11 @@ def _no_agent(name: str) -> str | None:
 
 
 # How an AGENT span without agent.name names its agent, by instrumentation scope.
-_AGENT_SPAN_NAMES = {
+_AGENT_SPAN_NAMES: Final = {
     "openinference.instrumentation.smolagents": _smolagents_agent,
     "openinference.instrumentation.openai_agents": _no_agent,
 }
-LANGCHAIN_SCOPE = "openinference.instrumentation.langchain"
+LANGCHAIN_SCOPE: Final = "openinference.instrumentation.langchain"
 
 
 def _langgraph_kind(name: str, kind: StepKind, metadata: Any) -> StepKind:
@@ -96,11 +96,11 @@ def _langgraph_kind(name: str, kind: StepKind, metadata: Any) -> StepKind:
 
 
 # A handoff in the OpenAI Agents SDK is a TOOL span "handoff to <agent>" without tool.name.
-_HANDOFF_PREFIX = "handoff to "
+_HANDOFF_PREFIX: Final = "handoff to "
 
 # Tools a framework runs itself to end its loop, not the agent's tools (smolagents returns its
 # answer by "calling" final_answer).
-FRAMEWORK_TOOLS = {"openinference.instrumentation.smolagents": frozenset({"final_answer"})}
+FRAMEWORK_TOOLS: Final = {"openinference.instrumentation.smolagents": frozenset({"final_answer"})}
 
 
 def _read_tool(span: SpanRecord, out: NormalisedSpan, a: Mapping[str, Any]) -> None:

@@ -12,7 +12,7 @@ Logfire-style attributes (``logfire.msg`` "running tool: <name>") name the tool 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, StepKind
@@ -20,7 +20,7 @@ from otel_plumb.normalise import genai, messages
 from otel_plumb.normalise.common import add_tool_results, as_str, name_after, set_args, set_result
 from otel_plumb.normalise.values import decode
 
-_TOOL_MSG_PREFIX = "running tool: "
+_TOOL_MSG_PREFIX: Final = "running tool: "
 
 
 def read(span: SpanRecord, out: NormalisedSpan) -> None:

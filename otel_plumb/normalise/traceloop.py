@@ -11,7 +11,7 @@ results given back.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, StepKind
@@ -28,7 +28,7 @@ from otel_plumb.normalise.common import (
 )
 from otel_plumb.normalise.values import decode
 
-KINDS: dict[str, StepKind] = {"tool": "tool", "agent": "agent"}
+KINDS: Final[dict[str, StepKind]] = {"tool": "tool", "agent": "agent"}
 
 
 def read(span: SpanRecord, out: NormalisedSpan) -> None:

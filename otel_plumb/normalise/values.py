@@ -12,7 +12,7 @@ import ast
 import json
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -21,7 +21,7 @@ from otel_plumb.model.trajectory import CaptureStatus
 
 # Placeholders instrumentations and redacting processors write instead of content
 # (compared lowercased and stripped).
-PLACEHOLDERS = frozenset(
+PLACEHOLDERS: Final = frozenset(
     {
         "<redacted>",
         "[redacted]",
@@ -46,8 +46,8 @@ PLACEHOLDERS = frozenset(
 )
 
 # Largest string handed to ast.literal_eval: it builds a full syntax tree first.
-_LITERAL_EVAL_MAX = 200_000
-_OPENERS = ("{", "[")
+_LITERAL_EVAL_MAX: Final = 200_000
+_OPENERS: Final = ("{", "[")
 # orjson turns integers beyond 64 bits into floats, where json keeps them exact: a value orjson
 # read with a float of that size takes json's path. That is looked for in the parsed value when
 # it has at most one value per _BYTES_PER_VALUE bytes of text (message content: a few values in
@@ -55,13 +55,13 @@ _OPENERS = ("{", "[")
 # costs no more than the cheaper of the two. Most texts hold fewer than 19 digits in all, which
 # one bytes.translate deleting every other byte shows; only then are the digits mapped to "0" and
 # everything else to "." for a substring search.
-_LOSSY = float(2**63)
-_BYTES_PER_VALUE = 16
-_NOT_DIGITS = bytes(i for i in range(256) if not 0x30 <= i <= 0x39)
-_DIGITS_TO_ZERO = bytes(0x30 if 0x30 <= i <= 0x39 else 0x2E for i in range(256))
-_LONG_DIGIT_RUN = b"0" * 19
+_LOSSY: Final = float(2**63)
+_BYTES_PER_VALUE: Final = 16
+_NOT_DIGITS: Final = bytes(i for i in range(256) if not 0x30 <= i <= 0x39)
+_DIGITS_TO_ZERO: Final = bytes(0x30 if 0x30 <= i <= 0x39 else 0x2E for i in range(256))
+_LONG_DIGIT_RUN: Final = b"0" * 19
 # Double (or deeper) encoding is unwound at most this many times.
-_MAX_UNWRAP = 3
+_MAX_UNWRAP: Final = 3
 
 
 def _may_have_lost_digits(value: dict[str, Any] | list[Any], text: str) -> bool:
@@ -107,11 +107,11 @@ class Decoded:
         self.reason = reason
 
 
-ABSENT = Decoded(None, "absent")
+ABSENT: Final = Decoded(None, "absent")
 
 
 # First characters of every placeholder: most data strings are ruled out by their first one.
-_PLACEHOLDER_STARTS = frozenset("<[({_*rR")
+_PLACEHOLDER_STARTS: Final = frozenset("<[({_*rR")
 
 
 def is_placeholder(text: str) -> bool:
@@ -201,8 +201,10 @@ def _parse_structured(s: str) -> Any:
 # call's ``{"args": [...], "kwargs": {...}}`` (smolagents, other decorators), LangChain's
 # callback payload ``{"input_str": "<repr or JSON>", "tags": [...], "metadata": {...}}``
 # (OpenLLMetry's LangChain instrumentation). These keys alone, besides the payload, mark them.
-_CALL_WRAPPER_EXTRAS = frozenset({"sanitize_inputs_outputs", "self"})
-_CALLBACK_EXTRAS = frozenset({"tags", "metadata", "kwargs", "inputs", "run_id", "parent_run_id", "serialized", "name"})
+_CALL_WRAPPER_EXTRAS: Final = frozenset({"sanitize_inputs_outputs", "self"})
+_CALLBACK_EXTRAS: Final = frozenset(
+    {"tags", "metadata", "kwargs", "inputs", "run_id", "parent_run_id", "serialized", "name"}
+)
 
 
 def unwrap_call(value: Any) -> Decoded | None:

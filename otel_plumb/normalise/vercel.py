@@ -11,12 +11,14 @@ releases also write OTel GenAI attributes, read when the ``ai.*`` ones are missi
 
 from __future__ import annotations
 
+from typing import Final
+
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan
 from otel_plumb.normalise import genai
 from otel_plumb.normalise.common import as_str, first_str, set_first_args, set_first_result
 
-_MODEL_CALLS = frozenset(
+_MODEL_CALLS: Final = frozenset(
     {
         "ai.generateText.doGenerate",
         "ai.streamText.doStream",
@@ -24,7 +26,7 @@ _MODEL_CALLS = frozenset(
         "ai.streamObject.doStream",
     }
 )
-_LOOPS = frozenset({"ai.generateText", "ai.streamText", "ai.generateObject", "ai.streamObject"})
+_LOOPS: Final = frozenset({"ai.generateText", "ai.streamText", "ai.generateObject", "ai.streamObject"})
 
 
 def read(span: SpanRecord, out: NormalisedSpan) -> None:

@@ -5,7 +5,7 @@ runs once per span received. The processor counts, logs, checks and forwards wha
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
 from otel_plumb.assemble import AddOutcome
 from otel_plumb.check.early import EarlyState, EarlyWatch
@@ -62,7 +62,7 @@ class PendingEarly:
 # The early invariants worth checking on a trace now: (trace id, its counters, their keys).
 EarlyCheck = tuple[str, EarlyState, list[tuple[str, str]]]
 
-_NONE_REPORTED: frozenset[tuple[str, str]] = frozenset()
+_NONE_REPORTED: Final[frozenset[tuple[str, str]]] = frozenset()
 
 
 class SpanTaker:

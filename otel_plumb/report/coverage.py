@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from otel_plumb.model import Trajectory
 from otel_plumb.model.trajectory import CASE_ID
 from otel_plumb.normalise.hints import CAPTURE_HINTS, FRAMEWORK_HINTS
 from otel_plumb.replay import ReplayStats
 
-CAPTURE_STATUSES = ("captured", "absent", "redacted", "undecodable")
-GENERIC_CAPTURE_HINT = "the instrumentation's content capture (tool arguments and results are often opt-in)"
+CAPTURE_STATUSES: Final = ("captured", "absent", "redacted", "undecodable")
+GENERIC_CAPTURE_HINT: Final = "the instrumentation's content capture (tool arguments and results are often opt-in)"
 # Longest lists kept in the report (names of tools and of spans not understood).
-TOP_N = 20
+TOP_N: Final = 20
 
 
 class CoverageCounter:
