@@ -18,6 +18,7 @@ import sys
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, EntityRef, Instru
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from otel_plumb.export import annotate
 from otel_plumb.model import SpanRecord
 from otel_plumb.receive import otlp
 from otel_plumb.receive.otlp_json import parse_request
@@ -502,3 +504,73 @@ def _decoder_in_child(env: dict[str, str]) -> str:
 def test_the_native_decoder_is_chosen_when_built_and_pure_python_when_forced() -> None:
     assert _decoder_in_child({otlp.PURE_PYTHON_ENV: "0"}) == "native False"
     assert _decoder_in_child({otlp.PURE_PYTHON_ENV: "1"}) == "pure-python True"
+
+
+# --- encode_spans: export requests written around kept spans' bytes --------------------------
+
+resources = st.builds(lambda v: Resource(attributes=[KeyValue(key="service.name", value=AnyValue(string_value=v))])
+                      .SerializeToString(), st.text(max_size=10))  # fmt: skip
+scopes = st.builds(lambda name: InstrumentationScope(name=name).SerializeToString(), st.text(max_size=10))
+bodies = st.builds(lambda name, n: Span(name=name, span_id=bytes(8), start_time_unix_nano=n).SerializeToString(),
+                   st.text(max_size=200), st.integers(0, 2**64 - 1))  # fmt: skip
+urls = st.sampled_from(["", "https://opentelemetry.io/schemas/1.26.0", "é/schema"])
+origins = st.lists(
+    st.builds(lambda r, ru, s, su: annotate.Origin((r, ru), (s, su)), resources, urls, scopes, urls),
+    min_size=1, max_size=3,
+)  # fmt: skip
+
+
+@given(origins, st.lists(st.tuples(bodies, st.integers(0, 2)), max_size=30),
+       st.integers(1, 6), st.none() | st.integers(0, 2_000))  # fmt: skip
+def test_encode_spans_writes_what_the_pure_python_encoder_writes(origins_, spans, max_spans, max_bytes):
+    """The same requests, byte for byte, whatever the spans, origins (equal ones from different
+    requests included) and limits; given (body, origin) pairs or kept spans."""
+    pairs = [(body, origins_[i % len(origins_)]) for body, i in spans]
+    # An origin equal to another but another object, as two requests of one process give.
+    pairs += [(body, annotate.Origin(tuple(o.resource), tuple(o.scope))) for body, o in pairs[:3]]
+    expected = annotate._encode_spans(pairs, max_spans, max_bytes)
+    assert native.encode_spans(pairs, max_spans, max_bytes) == expected
+    kept = [annotate.Forwarded(body, origin, SpanRecord("a" * 32, "b" * 16, None, "s"), 0) for body, origin in pairs]
+    assert native.encode_spans(kept, max_spans, max_bytes) == expected
+    for request, count in expected:
+        parsed = ExportTraceServiceRequest.FromString(request)
+        assert sum(len(ss.spans) for rs in parsed.resource_spans for ss in rs.scope_spans) == count
+
+
+@pytest.mark.parametrize("spans", [
+    [(None, annotate.Origin((b"", ""), (b"", "")))],
+    [(b"x", object())],
+    [(b"x", SimpleNamespace(resource=b"not a wire", scope=(b"", "")))],
+    [(b"x", SimpleNamespace(resource=(b"", 1), scope=(b"", "")))],
+    [(b"x", SimpleNamespace(resource=(b"", ""), scope=(b"", "", "")))],
+    [object()],
+    [(b"x", annotate.Origin((b"", "\ud800"), (b"", "")))],
+])  # fmt: skip
+def test_encode_spans_refuses_what_is_no_span_without_crashing(spans):
+    with pytest.raises((TypeError, AttributeError, UnicodeEncodeError)):
+        native.encode_spans(spans, 10, None)
+
+
+def test_encode_spans_keeps_nothing_it_made():
+    """No reference leaks: requests encoded and refused over and over leave memory as it was."""
+    scope = InstrumentationScope(name="s").SerializeToString()
+    origin = annotate.Origin((Resource().SerializeToString(), "u"), (scope, ""))
+    spans = [(Span(name=f"s{i}", span_id=bytes(8)).SerializeToString(), origin) for i in range(50)]
+    bad = [*spans[:5], (None, origin)]
+
+    def churn() -> None:
+        for _ in range(300):
+            native.encode_spans(spans, 7, 300)
+            with pytest.raises(TypeError):
+                native.encode_spans(bad, 7, None)
+
+    churn()
+    tracemalloc.start()
+    try:
+        churn()
+        first, _ = tracemalloc.get_traced_memory()
+        churn()
+        second, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert second - first < 64 * 1024, (first, second)

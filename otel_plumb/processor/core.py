@@ -38,7 +38,7 @@ from otel_plumb.consistency import PathAgreement
 from otel_plumb.console import console_app
 from otel_plumb.export.annotate import (
     Forwarded,
-    Origin,
+    Origins,
     annotate,
     encode_requests,
     redact_forwarded,
@@ -66,7 +66,7 @@ from otel_plumb.processor.consumers import (
 from otel_plumb.processor.spans import PendingEarly, SpanTaker
 from otel_plumb.ratelimit import RateLimitedLog
 from otel_plumb.receive import auth, connections, grpc_server, http_server
-from otel_plumb.receive.otlp import OriginWire, ReceivedRequest, UnreadSpan
+from otel_plumb.receive.otlp import ReceivedRequest, UnreadSpan
 from otel_plumb.receive.sink import IngestResult, Throttled
 from otel_plumb.redact import Scrub
 from otel_plumb.store import StoreWriter
@@ -183,6 +183,7 @@ class Processor:
         # Traces held for late spans (Assembler.wait_for_late_spans): the verdict they waited with.
         self._waited: dict[str, tuple[str, frozenset[tuple[str, str]]]] = {}
         self._rooted: set[str] = set()
+        self._origins = Origins()
         self._spans = SpanTaker(self.intake, self._early_checks, self._early_watch,
                                 self._last_arrival, self._rooted, self._early_state)  # fmt: skip
         self._incoming = 0  # spans of requests accepted but not yet buffered
@@ -535,8 +536,8 @@ class Processor:
             _set_tenant(records, tenant)
         # Only the annotate mode forwards buffered spans (passthrough forwarded the request).
         spans = self._spans.take(
-            records, wires, _origins(origin_wires), time.monotonic(), Source(f"request on {receiver}"), journal_id,
-            self._annotate and self.exporter is not None, skip_traces,
+            records, wires, self._origins.of(origin_wires), time.monotonic(), Source(f"request on {receiver}"),
+            journal_id, self._annotate and self.exporter is not None, skip_traces,
         )  # fmt: skip
         for span_id, reason in spans.unread:
             log.warning("cannot decode span %s; forwarding it unchecked: %s", span_id, reason)
@@ -947,11 +948,6 @@ class _ExportConsumer:
 
 _journal_id = attrgetter("journal_id")
 _journal_and_trace = attrgetter("journal_id", "ids.trace_id")
-
-
-def _origins(wires: list[OriginWire]) -> list[Origin]:
-    """The request's origins (export groups spans by equal resources and scopes)."""
-    return [Origin((resource, resource_url), (scope, scope_url)) for resource, resource_url, scope, scope_url in wires]
 
 
 def _set_tenant(records: list[SpanRecord | UnreadSpan], tenant: str) -> None:

@@ -1,4 +1,5 @@
-/* OTLP ExportTraceServiceRequest bytes -> SpanRecords, walking the wire format directly.
+/* OTLP ExportTraceServiceRequest bytes -> SpanRecords, walking the wire format directly (and, at
+ * the end of this file, the export's requests written around the spans' bytes: encode_spans).
  *
  * The records are the ones otel_plumb.receive.otlp.request_records builds from the protobuf
  * runtime's (upb's) parse, and the bytes it accepts are the ones upb accepts: every field
@@ -960,6 +961,273 @@ static PyObject *decode_spans(PyObject *module, PyObject *arg) {
     return result;
 }
 
+/* --- encoding export requests ------------------------------------------------------------ */
+/* encode_spans: otel_plumb.export.annotate._encode_spans in C (the pure-Python path, which
+ * tests/test_native_decoder.py holds this to, byte for byte): spans grouped back under their
+ * resource and scope in order of first appearance, cut into requests of at most max_spans
+ * spans and about max_bytes bytes, each request written around the spans' own bytes. */
+
+#define GROUP_OVERHEAD 64
+
+static PyObject *str_body, *str_origin, *str_resource, *str_scope;
+
+static inline Py_ssize_t varint_size(Py_ssize_t n) {
+    Py_ssize_t size = 1;
+    for (size_t v = (size_t)n; v >= 0x80; v >>= 7) size++;
+    return size;
+}
+
+static inline char *put_varint(char *out, Py_ssize_t n) {
+    size_t v = (size_t)n;
+    while (v >= 0x80) {
+        *out++ = (char)((v & 0x7F) | 0x80);
+        v >>= 7;
+    }
+    *out++ = (char)v;
+    return out;
+}
+
+static inline char *put_field(char *out, char tag, const char *data, Py_ssize_t len) {
+    *out++ = tag;
+    out = put_varint(out, len);
+    memcpy(out, data, (size_t)len);
+    return out + len;
+}
+
+/* A wire: (serialised message, schema URL); its parts, the URL as UTF-8. */
+static int wire_parts(PyObject *wire, PyObject **message, const char **url, Py_ssize_t *url_len) {
+    if (!PyTuple_Check(wire) || PyTuple_GET_SIZE(wire) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(wire, 0)) ||
+        !PyUnicode_Check(PyTuple_GET_ITEM(wire, 1))) {
+        PyErr_SetString(PyExc_TypeError, "a resource or scope is (bytes, str)");
+        return -1;
+    }
+    *message = PyTuple_GET_ITEM(wire, 0);
+    *url = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(wire, 1), url_len);
+    return *url == NULL ? -1 : 0;
+}
+
+/* Size of a ScopeSpans (scope: its wire; spans: list of bytes), or -1. */
+static Py_ssize_t scope_spans_size(PyObject *scope, PyObject *spans) {
+    PyObject *message;
+    const char *url;
+    Py_ssize_t url_len;
+    if (wire_parts(scope, &message, &url, &url_len) < 0) return -1;
+    Py_ssize_t len = PyBytes_GET_SIZE(message), size = 1 + varint_size(len) + len;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(spans); i++) {
+        Py_ssize_t n = PyBytes_GET_SIZE(PyList_GET_ITEM(spans, i));
+        size += 1 + varint_size(n) + n;
+    }
+    if (url_len) size += 1 + varint_size(url_len) + url_len;
+    return size;
+}
+
+/* Size of a ResourceSpans (resource: its wire; scopes: dict scope wire -> list of bytes), or -1. */
+static Py_ssize_t resource_spans_size(PyObject *resource, PyObject *scopes) {
+    PyObject *message, *scope, *spans;
+    const char *url;
+    Py_ssize_t url_len, pos = 0;
+    if (wire_parts(resource, &message, &url, &url_len) < 0) return -1;
+    Py_ssize_t len = PyBytes_GET_SIZE(message), size = 1 + varint_size(len) + len;
+    while (PyDict_Next(scopes, &pos, &scope, &spans)) {
+        Py_ssize_t n = scope_spans_size(scope, spans);
+        if (n < 0) return -1;
+        size += 1 + varint_size(n) + n;
+    }
+    if (url_len) size += 1 + varint_size(url_len) + url_len;
+    return size;
+}
+
+/* The ExportTraceServiceRequest of groups (dict resource wire -> dict scope wire -> list of bytes). */
+static PyObject *encode_groups(PyObject *groups) {
+    PyObject *resource, *scopes, *scope, *spans, *message;
+    const char *url;
+    Py_ssize_t url_len, pos = 0, total = 0;
+    while (PyDict_Next(groups, &pos, &resource, &scopes)) {
+        Py_ssize_t n = resource_spans_size(resource, scopes);
+        if (n < 0) return NULL;
+        total += 1 + varint_size(n) + n;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL) return NULL;
+    char *w = PyBytes_AS_STRING(out);
+    pos = 0;
+    while (PyDict_Next(groups, &pos, &resource, &scopes)) {
+        *w++ = 0x0a; /* ExportTraceServiceRequest.resource_spans = 1 */
+        w = put_varint(w, resource_spans_size(resource, scopes));
+        wire_parts(resource, &message, &url, &url_len); /* checked by resource_spans_size */
+        w = put_field(w, 0x0a, PyBytes_AS_STRING(message), PyBytes_GET_SIZE(message)); /* resource = 1 */
+        Py_ssize_t scope_pos = 0;
+        while (PyDict_Next(scopes, &scope_pos, &scope, &spans)) {
+            *w++ = 0x12; /* ResourceSpans.scope_spans = 2 */
+            w = put_varint(w, scope_spans_size(scope, spans));
+            const char *scope_url;
+            Py_ssize_t scope_url_len;
+            PyObject *scope_message;
+            wire_parts(scope, &scope_message, &scope_url, &scope_url_len);
+            w = put_field(w, 0x0a, PyBytes_AS_STRING(scope_message), PyBytes_GET_SIZE(scope_message)); /* scope = 1 */
+            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(spans); i++) {
+                PyObject *span = PyList_GET_ITEM(spans, i);
+                w = put_field(w, 0x12, PyBytes_AS_STRING(span), PyBytes_GET_SIZE(span)); /* spans = 2 */
+            }
+            if (scope_url_len) w = put_field(w, 0x1a, scope_url, scope_url_len); /* schema_url = 3 */
+        }
+        if (url_len) w = put_field(w, 0x1a, url, url_len); /* schema_url = 3 */
+    }
+    return out;
+}
+
+/* A span to encode: (body, origin) or an object with .body and .origin; origin has .resource and
+ * .scope. New references in *body and *origin. */
+static int span_parts(PyObject *item, PyObject **body, PyObject **origin) {
+    if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2) {
+        *body = Py_NewRef(PyTuple_GET_ITEM(item, 0));
+        *origin = Py_NewRef(PyTuple_GET_ITEM(item, 1));
+    } else {
+        *body = PyObject_GetAttr(item, str_body);
+        *origin = *body == NULL ? NULL : PyObject_GetAttr(item, str_origin);
+    }
+    if (*origin == NULL) return -1;
+    if (!PyBytes_Check(*body)) {
+        PyErr_SetString(PyExc_TypeError, "a span's body is bytes");
+        return -1;
+    }
+    return 0;
+}
+
+/* An origin's resource and scope, checked. New references. */
+static int origin_parts(PyObject *origin, PyObject **resource, PyObject **scope) {
+    *resource = PyObject_GetAttr(origin, str_resource);
+    *scope = *resource == NULL ? NULL : PyObject_GetAttr(origin, str_scope);
+    if (*scope == NULL) return -1;
+    PyObject *message;
+    const char *url;
+    Py_ssize_t url_len;
+    return wire_parts(*resource, &message, &url, &url_len) < 0 || wire_parts(*scope, &message, &url, &url_len) < 0
+               ? -1 : 0;
+}
+
+static int flush_batch(PyObject *out, PyObject **groups, Py_ssize_t count) {
+    PyObject *request = encode_groups(*groups);
+    if (request == NULL) return -1;
+    PyObject *pair = Py_BuildValue("(Nn)", request, count);
+    if (pair == NULL || PyList_Append(out, pair) < 0) {
+        Py_XDECREF(pair);
+        return -1;
+    }
+    Py_DECREF(pair);
+    Py_SETREF(*groups, PyDict_New());
+    return *groups == NULL ? -1 : 0;
+}
+
+static PyObject *encode_spans(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "encode_spans(spans, max_spans, max_bytes)");
+        return NULL;
+    }
+    Py_ssize_t max_spans = PyLong_AsSsize_t(args[1]);
+    if (max_spans == -1 && PyErr_Occurred()) return NULL;
+    long long max_bytes = -1; /* None */
+    if (args[2] != Py_None) {
+        max_bytes = PyLong_AsLongLong(args[2]);
+        if (max_bytes == -1 && PyErr_Occurred()) return NULL;
+        if (max_bytes < 0) max_bytes = 0; /* never None: every span then goes alone */
+    }
+    PyObject *it = PyObject_GetIter(args[0]);
+    if (it == NULL) return NULL;
+    PyObject *out = PyList_New(0), *groups = PyDict_New(), *item;
+    /* The last span's origin, group and list: a batch holds runs of spans of one origin, and the
+     * processor keeps one Origin object per distinct resource and scope, so most spans skip the
+     * lookups (each hashes and compares the serialised resource and scope). */
+    PyObject *origin = NULL, *resource = NULL, *scope = NULL, *group = NULL, *spans = NULL;
+    Py_ssize_t count = 0;
+    long long size = 0;
+    if (out == NULL || groups == NULL) goto error;
+    while ((item = PyIter_Next(it)) != NULL) {
+        PyObject *body = NULL, *next_origin = NULL;
+        int bad = span_parts(item, &body, &next_origin);
+        Py_DECREF(item);
+        if (!bad && next_origin != origin) {
+            Py_XSETREF(origin, next_origin);
+            next_origin = NULL;
+            Py_CLEAR(resource);
+            Py_CLEAR(scope);
+            group = spans = NULL;
+            bad = origin_parts(origin, &resource, &scope);
+        }
+        Py_XDECREF(next_origin);
+        if (bad) {
+            Py_XDECREF(body);
+            goto error;
+        }
+        Py_ssize_t body_len = PyBytes_GET_SIZE(body);
+        Py_ssize_t resource_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(resource, 0));
+        Py_ssize_t scope_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(scope, 0));
+        long long extra = body_len + 6;
+        if (group == NULL) { /* borrowed from groups */
+            group = PyDict_GetItemWithError(groups, resource);
+            if (group == NULL && PyErr_Occurred()) goto error_span;
+            spans = NULL;
+        }
+        if (spans == NULL && group != NULL) { /* borrowed from group */
+            spans = PyDict_GetItemWithError(group, scope);
+            if (spans == NULL && PyErr_Occurred()) goto error_span;
+        }
+        if (max_bytes >= 0) {
+            if (group == NULL) extra += resource_len + GROUP_OVERHEAD;
+            if (spans == NULL) extra += scope_len + GROUP_OVERHEAD;
+        }
+        if (count && (count >= max_spans || (max_bytes >= 0 && size + extra > max_bytes))) {
+            if (flush_batch(out, &groups, count) < 0) goto error_span;
+            count = 0;
+            size = 0;
+            group = spans = NULL;
+            /* the wrappers go into the new request as well */
+            if (max_bytes >= 0) extra = body_len + 6 + resource_len + scope_len + 2 * GROUP_OVERHEAD;
+        }
+        size += extra;
+        if (group == NULL) {
+            group = PyDict_New();
+            if (group == NULL || PyDict_SetItem(groups, resource, group) < 0) {
+                Py_XDECREF(group);
+                group = NULL;
+                goto error_span;
+            }
+            Py_DECREF(group); /* held by groups */
+        }
+        if (spans == NULL) {
+            spans = PyList_New(0);
+            if (spans == NULL || PyDict_SetItem(group, scope, spans) < 0) {
+                Py_XDECREF(spans);
+                goto error_span;
+            }
+            Py_DECREF(spans); /* held by group */
+        }
+        if (PyList_Append(spans, body) < 0) goto error_span;
+        count++;
+        Py_DECREF(body);
+        continue;
+    error_span:
+        Py_DECREF(body);
+        goto error;
+    }
+    Py_XDECREF(origin);
+    Py_XDECREF(resource);
+    Py_XDECREF(scope);
+    if (PyErr_Occurred()) goto error;
+    if (count && flush_batch(out, &groups, count) < 0) goto error;
+    Py_DECREF(it);
+    Py_DECREF(groups);
+    return out;
+error:
+    Py_XDECREF(origin);
+    Py_XDECREF(resource);
+    Py_XDECREF(scope);
+    Py_DECREF(it);
+    Py_XDECREF(out);
+    Py_XDECREF(groups);
+    return NULL;
+}
+
 /* --- module ------------------------------------------------------------------------------- */
 
 /* The records are filled slot by slot, so SpanRecord must have exactly the slots written above. */
@@ -1003,6 +1271,11 @@ static PyMethodDef methods[] = {
      "decode_spans(data) -> (records, spans, origins): decode_request's records, with each span as sent\n"
      "(its bytes, its trace id's bytes, the index of its origin) and each ScopeSpans' origin (resource\n"
      "bytes, resource schema URL, scope bytes, scope schema URL). The same errors as decode_request."},
+    {"encode_spans", (PyCFunction)(void (*)(void))encode_spans, METH_FASTCALL,
+     "encode_spans(spans, max_spans, max_bytes) -> list[(bytes, int)]: serialised\n"
+     "ExportTraceServiceRequests of the spans ((body, origin) pairs, or objects with .body and .origin;\n"
+     "an origin has .resource and .scope, each (bytes, schema URL)), as otel_plumb.export.annotate\n"
+     "groups and cuts them."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1024,6 +1297,11 @@ PyMODINIT_FUNC PyInit__otlp_native(void) {
     DecodeError = PyObject_GetAttrString(message, "DecodeError");
     Py_DECREF(message);
     if (DecodeError == NULL) return NULL;
+    str_body = PyUnicode_InternFromString("body");
+    str_origin = PyUnicode_InternFromString("origin");
+    str_resource = PyUnicode_InternFromString("resource");
+    str_scope = PyUnicode_InternFromString("scope");
+    if (str_body == NULL || str_origin == NULL || str_resource == NULL || str_scope == NULL) return NULL;
     empty_str = PyUnicode_New(0, 0);
     empty_bytes = PyBytes_FromStringAndSize(NULL, 0);
     if (empty_str == NULL || empty_bytes == NULL) return NULL;

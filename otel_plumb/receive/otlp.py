@@ -15,7 +15,7 @@ only if something needs it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -157,6 +157,10 @@ _native, DECODER_DETAIL = _native_decoder()
 DECODER = "native" if _native else "pure-python"
 native_decode_request: Callable[[bytes], list[SpanRecord]] | None = _native.decode_request if _native else None
 native_decode_spans: Callable[[bytes], RequestSpans] | None = _native.decode_spans if _native else None
+# Export requests written around kept spans' bytes (``export.annotate.encode_requests``).
+native_encode_spans: Callable[[Iterable[Any], int, int | None], list[tuple[bytes, int]]] | None = (
+    _native.encode_spans if _native else None
+)
 decode_request: Callable[[bytes], list[SpanRecord]] = native_decode_request or pure_decode_request
 
 
