@@ -3,6 +3,7 @@ and regrouping keeps every span under its own resource and scope."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 from hypothesis import given, settings
@@ -11,6 +12,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
+from otel_plumb.export import annotate as annotate_module
 from otel_plumb.export.annotate import (
     Forwarded,
     Origin,
@@ -241,3 +243,21 @@ def test_verdict_text_that_is_no_unicode_still_annotates_the_span() -> None:
     request = verdict_span_request(trajectory, "violating", ["p"], [verdict])
     (event,) = request.resource_spans[0].scope_spans[0].spans[0].events
     assert {kv.key: kv.value.string_value for kv in event.attributes}["got"] == "\\ud800@x.org"
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5) | st.decimals(allow_nan=False),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@given(json_values)
+def test_annotation_text_of_a_value_is_its_json(value):
+    """Expected and got values are written as the JSON the annotations always carried (sorted
+    keys, anything else by str), whichever path writes them."""
+    if value is None:
+        expected = ""
+    else:
+        expected = value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
+    assert annotate_module._text(value) == expected

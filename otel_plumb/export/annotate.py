@@ -134,10 +134,18 @@ class Forwarded:
 MAX_ANNOTATION_CHARS: Final = 1024
 
 
+# json.dumps(value, default=str, sort_keys=True), without building an encoder for each value.
+_JSON_TEXT: Final = json.JSONEncoder(default=str, sort_keys=True).encode
+
+
 def _text(value: Any) -> str:
+    """A verdict's expected or got value as annotation text: strings as they are, other values
+    as JSON (an int as json writes it, without the encoder: counts are the usual value)."""
     if value is None:
         return ""
-    return value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
+    if isinstance(value, str):
+        return value
+    return str(value) if type(value) is int else _JSON_TEXT(value)
 
 
 def truncate(text: str, max_chars: int) -> str:
