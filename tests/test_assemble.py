@@ -2,6 +2,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_plumb.assemble import AddOutcome, Assembler, AssemblyLimits, build_trajectory
+from otel_plumb.assemble import trajectory as trajectory_module
 from otel_plumb.model import NormalisedSpan, RequestedCall, SpanRecord
 from otel_plumb.normalise import normalise
 
@@ -480,3 +481,16 @@ def test_buffered_spans_of_a_trace_share_one_string_per_parent_id():
     assert len({id(s.parent_span_id) for s in children}) == 1
     (finished,) = asm.due(5.0)
     assert [s.span_id for s in finished.trajectory().steps] == ["root", "s0", "s1", "s2"]
+
+
+@given(st.lists(st.integers(0, 6), max_size=60), st.booleans())
+def test_spans_are_put_in_start_order_as_a_stable_sort_would(starts, reverse_most):
+    """The insertion sort of a trace's spans (they come nearly in order) gives what the list
+    sort gives, equal starts in arrival order, and says whether any two starts are equal; spans
+    far from order (past its budget of moves) go to the list sort."""
+    if reverse_most:
+        starts = sorted(starts, reverse=True)
+    spans = [ns(f"s{i}", start=start) for i, start in enumerate(starts)]
+    expected = sorted(spans, key=lambda s: s.start_ns)
+    assert trajectory_module._sort_by_start(spans) == (len(set(starts)) < len(starts))
+    assert [s.span_id for s in spans] == [s.span_id for s in expected]
