@@ -41,7 +41,7 @@ one a fail names, its turn being over, as ``stands`` asks, is necessary too (unl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -216,11 +216,117 @@ class EarlyState:
         return first
 
 
+class Condition:
+    """The necessary condition of a fail of one early invariant on a trace in flight (see the
+    module docstring), asked of the trace's counters on every request that touches it: one
+    class per kind of check, so that asking is a method call on counters read in place. This
+    base says yes: a kind it does not know is checked every time."""
+
+    __slots__ = ()
+
+    def holds(self, s: EarlyState) -> bool:
+        return True
+
+
+class _Never(Condition):
+    """A ``call_count`` with no maximum: no early failure."""
+
+    __slots__ = ()
+
+    def holds(self, s: EarlyState) -> bool:
+        return False
+
+
+class _CallsOver(Condition):
+    """More calls of ``tools`` than ``high`` (a ``never_call``: more than none)."""
+
+    __slots__ = ("attempts", "high", "tools")
+
+    def __init__(self, tools: ck.Tools, high: int, attempts: bool) -> None:
+        self.tools = tools
+        self.high = high
+        self.attempts = attempts
+
+    def holds(self, s: EarlyState) -> bool:
+        return (s.tried(self.tools) if self.attempts else s.ok(self.tools)) > self.high
+
+
+class _Precedes(Condition):
+    """A successful ``then`` call with no successful ``first`` call started before it."""
+
+    __slots__ = ("anywhere", "by_turn", "first", "then")
+
+    def __init__(self, first: ck.Tools, then: ck.Tools, scoped: bool) -> None:
+        self.first = first
+        self.then = then
+        # A scope cuts the ``first`` calls before its opening off; reordering may move them.
+        self.anywhere = scoped or _handoff_named(first)
+        # A handoff call is no tool step: the earliest ``then`` call may not be the one a fail names.
+        self.by_turn = not _handoff_named(then)
+
+    def holds(self, s: EarlyState) -> bool:
+        at = s.first_ok(self.then)
+        if at == _NEVER:
+            return False
+        if self.anywhere or s.reordered:
+            return True
+        # In start order, the failing call is the earliest successful ``then`` call: its
+        # failure stands once its turn is over.
+        return at <= s.first_ok(self.first) and (not self.by_turn or s.turn_over(self.then))
+
+
+class _Budget(Condition):
+    """A budget crossed by the counts so far (a limit this does not know: always)."""
+
+    __slots__ = ("limits",)
+
+    def __init__(self, limits: dict[str, float]) -> None:
+        self.limits = list(limits.items())
+
+    def holds(self, s: EarlyState) -> bool:
+        for name, limit in self.limits:
+            if name == "max_steps":
+                over = s.spans > limit
+            elif name == "max_tool_calls":
+                over = s.tool_spans > limit
+            elif name == "max_llm_calls":
+                over = s.llm_spans > limit
+            elif name == "max_tool_errors":
+                over = s.tool_errors > limit
+            elif name == "max_tokens":
+                over = s.tokens > limit
+            elif name == "max_duration_ms":
+                over = s.spans > 0 and (s.end - s.start) / 1e6 > limit
+            else:
+                return True
+            if over:
+                return True
+        return False
+
+
+class _Scoped(Condition):
+    """``inner``, where the invariant may apply: its ``applies_to`` globs hold whatever the root."""
+
+    __slots__ = ("applies", "inner")
+
+    def __init__(self, inner: Condition, applies: tuple[Glob, ...]) -> None:
+        self.inner = inner
+        self.applies = applies
+
+    def holds(self, s: EarlyState) -> bool:
+        if not self.inner.holds(s):
+            return False
+        for glob in self.applies:  # noqa: SIM110 (a loop: any() over a generator takes twice as long)
+            if not glob.matches_in_flight(s.services):
+                return False
+        return True
+
+
 @dataclass(frozen=True, slots=True)
 class _Rule:
     key: tuple[str, str]  # (policy, invariant), as reported
     check: ck.Check
-    may_fail: Callable[[EarlyState], bool]
+    may_fail: Condition
     applies: tuple[Glob, ...]  # the policy's and the invariant's applies_to
 
 
@@ -250,7 +356,7 @@ class EarlyWatch:
         """The early invariants not yet reported for the trace that may fail on what it holds
         now, as (policy, invariant) keys: only those need checking on its partial trajectory."""
         rules = [rule for rule in self.rules if rule.key not in reported] if reported else self.rules
-        return [rule.key for rule in rules if rule.may_fail(state)]
+        return [rule.key for rule in rules if rule.may_fail.holds(state)]
 
     def stands(self, verdict: Verdict, partial: Trajectory, services: Collection[str]) -> bool:
         """Whether an early failure found on ``partial`` (of spans from ``services``) is certain
@@ -322,11 +428,7 @@ def _rule(policy: CompiledPolicy, inv: CompiledInvariant) -> _Rule:
     may_fail = _may_fail(inv.check, scoped=inv.scope is not None)
     applies = tuple(g for g in (policy.applies, inv.applies) if g is not None)
     if applies:  # only where it may apply: else the partial trajectory is built for nothing
-        kind_may_fail = may_fail
-
-        def may_fail(s: EarlyState) -> bool:
-            return kind_may_fail(s) and all(g.matches_in_flight(s.services) for g in applies)
-
+        may_fail = _Scoped(may_fail, applies)
     return _Rule((policy.name, inv.id), inv.check, may_fail, applies)
 
 
@@ -335,60 +437,14 @@ def _handoff_named(tools: frozenset[str] | tuple[()]) -> bool:
     return any(t in HANDOFF_TOOLS or t.startswith(TRANSFER_PREFIX) for t in tools)
 
 
-def _may_fail(check: ck.Check, *, scoped: bool) -> Callable[[EarlyState], bool]:
+def _may_fail(check: ck.Check, *, scoped: bool) -> Condition:
     """The necessary condition of a fail of ``check`` (see the module docstring), made once."""
     if isinstance(check, ck.NeverCall):
-        tools = check.tools
-        if check.attempts:
-            return lambda s: s.tried(tools) > 0
-        return lambda s: s.ok(tools) > 0
+        return _CallsOver(check.tools, 0, check.attempts)
     if isinstance(check, ck.CallCount):
-        high, tools = check.high, check.tools
-        if high is None:
-            return lambda s: False
-        return lambda s: s.ok(tools) > high
+        return _Never() if check.high is None else _CallsOver(check.tools, check.high, False)
     if isinstance(check, ck.Precedes):
-        first, then = check.first, check.then
-        # A scope cuts the ``first`` calls before its opening off; reordering may move them.
-        anywhere = scoped or _handoff_named(first)
-        # A handoff call is no tool step: the earliest ``then`` call may not be the one a fail names.
-        by_turn = not _handoff_named(then)
-
-        def precedes(s: EarlyState) -> bool:
-            at = s.first_ok(then)
-            if at == _NEVER:
-                return False
-            if anywhere or s.reordered:
-                return True
-            # In start order, the failing call is the earliest successful ``then`` call: its
-            # failure stands once its turn is over.
-            return at <= s.first_ok(first) and (not by_turn or s.turn_over(then))
-
-        return precedes
+        return _Precedes(check.first, check.then, scoped)
     if isinstance(check, ck.Budget):
-        over = [_over(name, limit) for name, limit in check.limits.items()]
-
-        def budget(s: EarlyState) -> bool:
-            for o in over:  # noqa: SIM110 (a loop: any() over a generator takes twice as long)
-                if o(s):
-                    return True
-            return False
-
-        return budget
-    return lambda s: True  # a kind this does not know: check every time
-
-
-def _over(name: str, limit: float) -> Callable[[EarlyState], bool]:
-    if name == "max_steps":
-        return lambda s: s.spans > limit
-    if name == "max_tool_calls":
-        return lambda s: s.tool_spans > limit
-    if name == "max_llm_calls":
-        return lambda s: s.llm_spans > limit
-    if name == "max_tool_errors":
-        return lambda s: s.tool_errors > limit
-    if name == "max_duration_ms":
-        return lambda s: s.spans > 0 and (s.end - s.start) / 1e6 > limit
-    if name == "max_tokens":
-        return lambda s: s.tokens > limit
-    return lambda s: True
+        return _Budget(check.limits)
+    return Condition()
