@@ -86,7 +86,7 @@ def spans_outcome(decode: Callable[[bytes], otlp.RequestSpans], data: bytes) -> 
     return (
         "accepted",
         [record(r) for r in records],  # type: ignore[arg-type]
-        [(canonical(Span, body), trace_id, origin) for body, trace_id, origin in wires],
+        [(canonical(Span, body), trace_id, origin, fp) for body, trace_id, origin, fp in wires],
         [(canonical(Resource, r), r_url, canonical(InstrumentationScope, s), s_url) for r, r_url, s, s_url in origins],
     )
 
@@ -99,7 +99,7 @@ def assert_same(data: bytes) -> Any:
     assert want_spans[:2] == want[:2]
     if want[0] == "accepted":
         # Each span is forwarded byte for byte as it came.
-        assert all(body in data for body, _, _ in native.decode_spans(data)[1])
+        assert all(body in data for body, *_ in native.decode_spans(data)[1])
     # What the receivers run: one parse, whichever decoder reads it, with upb's verdict.
     try:
         received = otlp.ReceivedRequest.parse(data)

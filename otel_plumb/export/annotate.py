@@ -335,7 +335,9 @@ def build_requests(spans: Iterable[Forwarded], max_spans: int) -> list[tuple[Exp
 
 # Field tags (field number << 3 | length-delimited): ExportTraceServiceRequest.resource_spans = 1;
 # ResourceSpans resource = 1, scope_spans = 2, schema_url = 3; ScopeSpans scope = 1, spans = 2, schema_url = 3.
-_TAG_1, _TAG_2, _TAG_3 = b"\x0a", b"\x12", b"\x1a"
+_TAG_1: Final = b"\x0a"
+_TAG_2: Final = b"\x12"
+_TAG_3: Final = b"\x1a"
 
 
 # Lengths and small ints under 2^14, the usual case, written without a loop.
@@ -426,12 +428,18 @@ Event = tuple[str, int, dict[str, Any]]
 # Span.attributes = 9, Span.events = 11; Event.time_unix_nano = 1 (fixed64), name = 2, attributes = 3;
 # KeyValue key = 1, value = 2; AnyValue string = 1, bool = 2, int = 3, double = 4 (fixed64),
 # array = 5, kvlist = 6, bytes = 7; ArrayValue and KeyValueList values = 1.
-_SPAN_ATTRIBUTE, _SPAN_EVENT = b"\x4a", b"\x5a"
+_SPAN_ATTRIBUTE: Final = b"\x4a"
+_SPAN_EVENT: Final = b"\x5a"
 _EVENT_TIME: Final = b"\x09"
-_BOOL_TRUE, _BOOL_FALSE = b"\x10\x01", b"\x10\x00"
-_INT, _DOUBLE = b"\x18", b"\x21"
-_ARRAY, _KVLIST, _BYTES = b"\x2a", b"\x32", b"\x3a"
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_BOOL_TRUE: Final = b"\x10\x01"
+_BOOL_FALSE: Final = b"\x10\x00"
+_INT: Final = b"\x18"
+_DOUBLE: Final = b"\x21"
+_ARRAY: Final = b"\x2a"
+_KVLIST: Final = b"\x32"
+_BYTES: Final = b"\x3a"
+_INT64_MIN: Final = -(1 << 63)
+_INT64_MAX: Final = (1 << 63) - 1
 _DOUBLE_BYTES: Final = struct.Struct("<d").pack
 _FIXED64: Final = struct.Struct("<Q").pack
 

@@ -99,17 +99,20 @@ class Intake:
         return self.assembler.tombstone(trace_id)
 
     def add(
-        self, record: SpanRecord, payload: object, now: float, source: Source | None = None, size: int = 0
-    ) -> tuple[AddOutcome, NormalisedSpan | None]:
+        self, record: SpanRecord, payload: object, now: float, source: Source | None = None, size: int = 0,
+        fp: int | None = None,
+    ) -> tuple[AddOutcome, NormalisedSpan | None]:  # fmt: skip
         """Take one span: returns what happened to it, and the normalised span when it was taken
         (ACCEPTED) or is a late span of a decided trace (LATE) or over the trace's span limit.
-        ``size``: the bytes the span and its payload hold while buffered (see ``bytes_buffered``)."""
+        ``size``: the bytes the span and its payload hold while buffered (see ``bytes_buffered``);
+        ``fp``: its ``fingerprint``, when the decoder worked it out already."""
         tid = record.trace_id
         if source is not None:
             source.trace_ids.add(tid)
             if source.unreadable is not None:
                 self._mark(tid, UNREADABLE_INPUT, f"{source.label}: {source.unreadable}")
-        fp = fingerprint(record)
+        if fp is None:
+            fp = fingerprint(record)
         outcome = self.assembler.seen(tid, record.span_id, fp)
         if outcome is AddOutcome.DUPLICATE or outcome is AddOutcome.CONFLICTING_DUPLICATE:
             self.counts.count(outcome)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 # OTLP Span.SpanKind and Status.StatusCode numbers, kept as ints (as on the wire).
 SPAN_KIND_NAMES = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
-STATUS_UNSET, STATUS_OK, STATUS_ERROR = 0, 1, 2
+STATUS_UNSET: Final = 0
+STATUS_OK: Final = 1
+STATUS_ERROR: Final = 2
 
 
 class SpanEvent:

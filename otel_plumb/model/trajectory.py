@@ -21,7 +21,10 @@ CaptureStatus = Literal["captured", "absent", "redacted", "undecodable"]
 
 # Attributes reserved for campaigns and ground truth; kept on the trajectory from the start.
 RESERVED_PREFIX = "plumb."
-CASE_ID, VARIANT_ID, TRIAL_ID, ARM = "plumb.case.id", "plumb.variant.id", "plumb.trial.id", "plumb.arm"
+CASE_ID: Final = "plumb.case.id"
+VARIANT_ID: Final = "plumb.variant.id"
+TRIAL_ID: Final = "plumb.trial.id"
+ARM: Final = "plumb.arm"
 CONTEXT_PREFIX: Final = "plumb.context."
 
 # Incomplete reasons meaning spans (or what they say) may be missing from anywhere in the

@@ -251,7 +251,9 @@ def short_attributes(span: SpanRecord, shape: Shape) -> dict[str, Any]:
 
 
 # How an attribute is kept, by key (see _rule).
-_DROP, _IF_SHORT, _ALWAYS = 0, 1, 2
+_DROP: Final = 0
+_IF_SHORT: Final = 1
+_ALWAYS: Final = 2
 
 
 def _rule(key: str, resource: bool) -> int:

@@ -110,18 +110,18 @@ class SpanTaker:
         return out
 
     def take(
-        self, records: Sequence[SpanRecord | UnreadSpan], wires: Sequence[tuple[bytes, bytes, int]],
+        self, records: Sequence[SpanRecord | UnreadSpan], wires: Sequence[tuple[bytes, bytes, int, int]],
         origins: list[Origin], now: float, source: Source, journal_id: int, keep_bodies: bool,
         skip_traces: Collection[bytes],
     ) -> TakenSpans:  # fmt: skip
         """Every span of a request (but those of ``skip_traces``): the n-th record with the
         n-th wire span (``receive.otlp.SpanWire``: its bytes, its trace id's bytes, the index of
-        its origin); ``keep_bodies``: buffer each span's bytes to forward it later."""
+        its origin, its record's fingerprint); ``keep_bodies``: buffer each span's bytes to forward it later."""
         out = TakenSpans()
         intake = self.intake
         early_checks = self.early_checks
         last_arrival, rooted, early_state = self.last_arrival, self.rooted, self.early_state
-        for record, (body, trace_id, origin_index) in zip(records, wires, strict=True):
+        for record, (body, trace_id, origin_index, fp) in zip(records, wires, strict=True):
             span_id = record.span_id
             if len(trace_id) != 16 or len(span_id) != 16:
                 out.rejected += 1
@@ -137,7 +137,7 @@ class SpanTaker:
             payload = Forwarded(body if keep_bodies else b"", origins[origin_index], record, journal_id)
             normalised: NormalisedSpan | None
             if isinstance(record, SpanRecord):
-                outcome, normalised = intake.add(record, payload, now, source, held_bytes(body))
+                outcome, normalised = intake.add(record, payload, now, source, held_bytes(body), fp)
                 if normalised is not None:
                     payload.ids = normalised  # the same ids and times; the record is let go
             else:  # a span nobody can decode is still forwarded, never lost

@@ -245,23 +245,48 @@ static int append_bytes(Dec *d, PyObject **slot, ptr a, ptr b) {
     return 0;
 }
 
-/* (span bytes, trace id bytes, origin index) of the span just recorded. */
-static int append_wire(Dec *d, ptr span, ptr span_end, ptr trace_id, ptr trace_end) {
-    PyObject *w = PyTuple_New(3);
+/* model.span.fingerprint of a record: the low 60 bits of the hash of (name, start, end, status
+ * code, status message, attribute keys, event count), the same tuple hashed the same way. */
+#define FINGERPRINT_MASK ((1ULL << 60) - 1)
+
+static PyObject *record_fingerprint(PyObject *record) {
+    PyObject *keys = PySequence_Tuple(SLOT(record, S_ATTRIBUTES));
+    PyObject *events = PyLong_FromSsize_t(PyList_GET_SIZE(SLOT(record, S_EVENTS)));
+    PyObject *fields = NULL, *out = NULL;
+    if (keys != NULL && events != NULL) {
+        fields = PyTuple_Pack(7, SLOT(record, S_NAME), SLOT(record, S_START), SLOT(record, S_END),
+                              SLOT(record, S_STATUS_CODE), SLOT(record, S_STATUS_MESSAGE), keys, events);
+    }
+    if (fields != NULL) {
+        Py_hash_t hash = PyObject_Hash(fields);
+        if (hash != -1 || !PyErr_Occurred()) out = PyLong_FromUnsignedLongLong((unsigned long long)hash & FINGERPRINT_MASK);
+    }
+    Py_XDECREF(keys);
+    Py_XDECREF(events);
+    Py_XDECREF(fields);
+    return out;
+}
+
+/* (span bytes, trace id bytes, origin index, fingerprint) of the span just recorded. */
+static int append_wire(Dec *d, PyObject *record, ptr span, ptr span_end, ptr trace_id, ptr trace_end) {
+    PyObject *w = PyTuple_New(4);
     if (w == NULL) return fail(d, E_PYTHON);
     PyObject *body = PyBytes_FromStringAndSize((const char *)span, span_end - span);
     PyObject *tid = PyBytes_FromStringAndSize((const char *)trace_id, trace_end - trace_id);
     PyObject *origin = PyLong_FromSsize_t(d->origin);
-    if (body == NULL || tid == NULL || origin == NULL) {
+    PyObject *fingerprint = record_fingerprint(record);
+    if (body == NULL || tid == NULL || origin == NULL || fingerprint == NULL) {
         Py_XDECREF(body);
         Py_XDECREF(tid);
         Py_XDECREF(origin);
+        Py_XDECREF(fingerprint);
         Py_DECREF(w);
         return fail(d, E_PYTHON);
     }
     PyTuple_SET_ITEM(w, 0, body);
     PyTuple_SET_ITEM(w, 1, tid);
     PyTuple_SET_ITEM(w, 2, origin);
+    PyTuple_SET_ITEM(w, 3, fingerprint);
     int rc = PyList_Append(d->wires, w);
     Py_DECREF(w);
     return rc < 0 ? fail(d, E_PYTHON) : 0;
@@ -752,8 +777,8 @@ static int parse_span(Dec *d, ptr p, ptr end, PyObject *out) {
                 goto done;
             }
         }
+        if (d->wires && append_wire(d, record, span_start, end, trace_id, trace_end) < 0) goto done;
     }
-    if (d->wires && append_wire(d, span_start, end, trace_id, trace_end) < 0) goto done;
     rc = 0;
 done:
     Py_XDECREF(name);
@@ -1269,8 +1294,9 @@ static PyMethodDef methods[] = {
      "Raises google.protobuf.message.DecodeError on malformed bytes."},
     {"decode_spans", decode_spans, METH_O,
      "decode_spans(data) -> (records, spans, origins): decode_request's records, with each span as sent\n"
-     "(its bytes, its trace id's bytes, the index of its origin) and each ScopeSpans' origin (resource\n"
-     "bytes, resource schema URL, scope bytes, scope schema URL). The same errors as decode_request."},
+     "(its bytes, its trace id's bytes, the index of its origin, model.span.fingerprint of its record)\n"
+     "and each ScopeSpans' origin (resource bytes, resource schema URL, scope bytes, scope schema URL).\n"
+     "The same errors as decode_request."},
     {"encode_spans", (PyCFunction)(void (*)(void))encode_spans, METH_FASTCALL,
      "encode_spans(spans, max_spans, max_bytes) -> list[(bytes, int)]: serialised\n"
      "ExportTraceServiceRequests of the spans ((body, origin) pairs, or objects with .body and .origin;\n"

@@ -23,7 +23,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
 
 from otel_plumb import PURE_PYTHON_ENV, pure_python
-from otel_plumb.model.span import SpanEvent, SpanRecord
+from otel_plumb.model.span import SpanEvent, SpanRecord, fingerprint
 
 
 def any_value(value: AnyValue) -> Any:
@@ -98,8 +98,9 @@ def pure_decode_request(data: bytes) -> list[SpanRecord]:
     return list(request_records(ExportTraceServiceRequest.FromString(data)))
 
 
-# A span as sent: its bytes, its trace id's bytes, and the index of its origin in the request.
-SpanWire = tuple[bytes, bytes, int]
+# A span as sent: its bytes, its trace id's bytes, the index of its origin in the request, and
+# its record's fingerprint (``model.span.fingerprint``; 0 for a span that could not be read).
+SpanWire = tuple[bytes, bytes, int, int]
 # Where spans came from, as sent: resource bytes and schema URL, scope bytes and schema URL.
 OriginWire = tuple[bytes, str, bytes, str]
 
@@ -135,10 +136,13 @@ def request_spans(request: ExportTraceServiceRequest) -> RequestSpans:
             origins.append((resource_bytes, rs.schema_url, ss.scope.SerializeToString(), ss.schema_url))
             for span in ss.spans:
                 try:
-                    records.append(span_record(span, resource, scope_name))
+                    record = span_record(span, resource, scope_name)
                 except Exception as exc:  # kept to be forwarded: nothing received is lost
                     records.append(UnreadSpan(span, str(exc)))
-                wires.append((span.SerializeToString(), span.trace_id, index))
+                    wires.append((span.SerializeToString(), span.trace_id, index, 0))
+                    continue
+                records.append(record)
+                wires.append((span.SerializeToString(), span.trace_id, index, fingerprint(record)))
     return records, wires, origins
 
 
