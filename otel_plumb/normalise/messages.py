@@ -42,7 +42,6 @@ _CONTAINER_KEYS = (
 # Their order of descent, looked up from a node's own keys (a message has a few keys; there
 # are fifteen containers, and every model call's messages are walked).
 _CONTAINER_ORDER: Final = {key: i for i, key in enumerate(_CONTAINER_KEYS)}
-_CONTAINER_SET: Final = frozenset(_CONTAINER_KEYS)
 _MAX_DEPTH: Final = 8
 _CALL_TYPES: Final = frozenset({"tool_call", "function_call", "tool-call", "tool_use", "function"})
 _RESULT_TYPES: Final = frozenset({"tool_call_response", "tool-result", "tool_result", "function_call_output"})
@@ -79,16 +78,23 @@ def _calls(node: Any, depth: int) -> Iterator[RequestedCall]:
         yield from _calls(child, depth + 1)
 
 
-def _containers(node: dict[str, Any]) -> list[Any] | tuple[Any, ...]:
-    """The node's lists and objects under container keys, in ``_CONTAINER_KEYS`` order."""
-    keys = _CONTAINER_SET.intersection(node)  # in C: every message and part is walked
-    if len(keys) == 1:
-        child = node[next(iter(keys))]
-        return (child,) if isinstance(child, (list, dict)) else ()
-    if not keys:
-        return ()
-    ordered = sorted(keys, key=_CONTAINER_ORDER.__getitem__)
-    return [child for key in ordered if isinstance(child := node[key], (list, dict))]
+def _containers(node: dict[Any, Any]) -> list[Any]:
+    """The node's lists and objects under container keys, in ``_CONTAINER_KEYS`` order. Read from
+    the node's own keys (a message or part has a few; every model call's messages are walked);
+    any keys: a Python literal's need not be text."""
+    found: list[tuple[int, Any]] = []
+    for key, child in node.items():
+        order = _CONTAINER_ORDER.get(key)
+        if order is not None and isinstance(child, (list, dict)):
+            found.append((order, child))
+    if len(found) < 2:
+        return [child for _, child in found]
+    found.sort(key=_first_of)
+    return [child for _, child in found]
+
+
+def _first_of(pair: tuple[int, Any]) -> int:
+    return pair[0]
 
 
 def _as_call(node: dict[str, Any]) -> RequestedCall | None:
@@ -175,8 +181,11 @@ def _results(node: Any, out: dict[str, Any], depth: int) -> None:
 
 def _as_result(node: dict[str, Any]) -> tuple[str, Any] | None:
     kind = node.get("type")
-    tool_like = kind == "tool" or node.get("role") == "tool" or (isinstance(kind, str) and kind in _RESULT_TYPES)
-    if not tool_like and _RESULT_WRAPPER_KEYS.isdisjoint(node):
+    role = node.get("role")
+    tool_like = (isinstance(kind, str) and (kind == "tool" or kind in _RESULT_TYPES)) or (
+        isinstance(role, str) and role == "tool"
+    )
+    if not tool_like and not _has_wrapper(node):
         return None  # the usual message or part: nothing a result has (a quick look first)
     for wrapper in _RESULT_WRAPPERS:
         inner = node.get(wrapper)
@@ -197,7 +206,13 @@ def _as_result(node: dict[str, Any]) -> tuple[str, Any] | None:
 
 
 _RESULT_WRAPPERS: Final = ("toolResult", "functionResponse", "function_response")
-_RESULT_WRAPPER_KEYS: Final = frozenset(_RESULT_WRAPPERS)
+
+
+def _has_wrapper(node: dict[Any, Any]) -> bool:
+    for wrapper in _RESULT_WRAPPERS:  # noqa: SIM110 (a loop: any() over a generator takes twice as long)
+        if wrapper in node:
+            return True
+    return False
 _NOT_CAPTURED: Final = object()
 
 
