@@ -552,7 +552,8 @@ def test_encode_spans_refuses_what_is_no_span_without_crashing(spans):
 
 
 def test_encode_spans_keeps_nothing_it_made():
-    """No reference leaks: requests encoded and refused over and over leave memory as it was."""
+    """No reference leaks: requests and annotations encoded and refused over and over leave
+    memory as it was."""
     scope = InstrumentationScope(name="s").SerializeToString()
     origin = annotate.Origin((Resource().SerializeToString(), "u"), (scope, ""))
     spans = [(Span(name=f"s{i}", span_id=bytes(8)).SerializeToString(), origin) for i in range(50)]
@@ -563,6 +564,9 @@ def test_encode_spans_keeps_nothing_it_made():
             native.encode_spans(spans, 7, 300)
             with pytest.raises(TypeError):
                 native.encode_spans(bad, 7, None)
+            native.span_addition({"a": [1, "\ud800", {"k": 2.5}]}, [("e", 5, {"m": "x" * 100})])
+            with pytest.raises(ValueError):
+                native.span_addition({"a": [1, 2**64]})
 
     churn()
     tracemalloc.start()
@@ -574,3 +578,51 @@ def test_encode_spans_keeps_nothing_it_made():
     finally:
         tracemalloc.stop()
     assert second - first < 64 * 1024, (first, second)
+
+
+# --- span_addition: annotations in wire format --------------------------------------------------
+
+annotation_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats() | st.text(max_size=8)
+    | st.binary(max_size=4) | st.sampled_from(["\ud800", "a\udfffb"]),
+    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner)
+    | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=12,
+)  # fmt: skip
+annotation_attributes = st.dictionaries(st.text(max_size=6), annotation_values, max_size=5)
+annotation_events = st.lists(
+    st.tuples(st.text(max_size=6), st.integers(0, 2**64 - 1), annotation_attributes), max_size=3
+)
+
+
+@given(annotation_attributes, annotation_events)
+def test_span_addition_writes_what_the_pure_python_writer_writes(attributes, events):
+    """The same bytes for any attributes and events (lone surrogates, int64 edges, nested lists and
+    maps, empty keys and names), and the runtime reads them back as a span of those."""
+    expected = annotate._span_addition(attributes, events)
+    assert native.span_addition(attributes, events) == expected
+    span = Span.FromString(expected)
+    assert len(span.attributes) == len(attributes) and len(span.events) == len(events)
+
+
+@pytest.mark.parametrize(("attributes", "events", "error"), [
+    ({"big": 2**63}, [], ValueError),
+    ({"small": -(2**63) - 1}, [], ValueError),
+    ({"m": {1: "x"}}, [], AttributeError),
+    ({}, [("e", -1, {})], OverflowError),
+    ({}, [("e", 1)], TypeError),
+    ({}, 5, TypeError),
+])  # fmt: skip
+def test_span_addition_refuses_what_cannot_be_written(attributes, events, error):
+    with pytest.raises(error):
+        native.span_addition(attributes, events)
+    with pytest.raises((error, TypeError, ValueError, struct.error)):
+        annotate._span_addition(attributes, events)
+
+
+def test_span_addition_stops_at_a_nesting_limit():
+    deep: list[object] = []
+    for _ in range(2000):
+        deep = [deep]
+    with pytest.raises(RecursionError):
+        native.span_addition({"deep": deep})

@@ -25,7 +25,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otel_plumb.model import Trajectory, Verdict
-from otel_plumb.receive.otlp import native_encode_spans, to_key_values
+from otel_plumb.receive.otlp import native_encode_spans, native_span_addition, to_key_values
 
 VIOLATION_EVENT: Final = "plumb.violation"
 
@@ -445,7 +445,15 @@ _FIXED64: Final = struct.Struct("<Q").pack
 
 
 def span_addition(attributes: dict[str, Any], events: Iterable[Event] = ()) -> bytes:
-    """A serialised ``Span`` holding only these attributes and events (to append to a span)."""
+    """A serialised ``Span`` holding only these attributes and events (to append to a span): by
+    the compiled decoder's module when it is built (``_otlp_native.span_addition``, the same
+    bytes), else below."""
+    if native_span_addition is not None:
+        return native_span_addition(attributes, events)
+    return _span_addition(attributes, events)
+
+
+def _span_addition(attributes: dict[str, Any], events: Iterable[Event] = ()) -> bytes:
     out = [_field(_SPAN_ATTRIBUTE, _key_value(k, v)) for k, v in attributes.items()]
     for name, time_ns, event_attributes in events:
         body = [_EVENT_TIME + _FIXED64(time_ns)] if time_ns else []

@@ -1253,6 +1253,248 @@ error:
     return NULL;
 }
 
+/* --- span annotations -------------------------------------------------------------------- */
+/* span_addition: otel_plumb.export.annotate.span_addition in C (held to the pure-Python one,
+ * byte for byte, by tests/test_native_decoder.py): a serialised Span holding only the given
+ * attributes and events, values written as receive.otlp.to_any_value writes them. */
+
+#define VALUE_DEPTH_LIMIT 500 /* nested lists and maps: below Python's recursion limit */
+
+typedef struct {
+    char *w;     /* NULL while measuring */
+    Py_ssize_t size;
+} Out;
+
+static inline void out_byte(Out *o, char b) {
+    if (o->w) *o->w++ = b;
+    o->size++;
+}
+
+static inline void out_varint(Out *o, uint64_t v) {
+    do {
+        char b = (char)(v & 0x7F);
+        v >>= 7;
+        out_byte(o, v ? (char)(b | 0x80) : b);
+    } while (v);
+}
+
+static inline void out_data(Out *o, const char *data, Py_ssize_t len) {
+    if (o->w) {
+        memcpy(o->w, data, (size_t)len);
+        o->w += len;
+    }
+    o->size += len;
+}
+
+/* Text as UTF-8, a lone surrogate written as its escape (str.encode("utf-8", "backslashreplace")).
+ * *holder: a bytes object to release when the UTF-8 is not the str's own. */
+static const char *utf8_of(PyObject *text, Py_ssize_t *len, PyObject **holder) {
+    *holder = NULL;
+    const char *data = PyUnicode_AsUTF8AndSize(text, len);
+    if (data != NULL) return data;
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return NULL;
+    PyErr_Clear();
+    *holder = PyUnicode_AsEncodedString(text, "utf-8", "backslashreplace");
+    if (*holder == NULL) return NULL;
+    *len = PyBytes_GET_SIZE(*holder);
+    return PyBytes_AS_STRING(*holder);
+}
+
+static int out_text_field(Out *o, char tag, PyObject *text) {
+    Py_ssize_t len;
+    PyObject *holder;
+    const char *data = utf8_of(text, &len, &holder);
+    if (data == NULL) return -1;
+    out_byte(o, tag);
+    out_varint(o, (uint64_t)len);
+    out_data(o, data, len);
+    Py_XDECREF(holder);
+    return 0;
+}
+
+static int any_value(Out *o, PyObject *v, int depth);
+
+/* A length-delimited field whose body a BODY(target) macro writes: measured first (its length
+ * comes before it), then written. O(size x nesting depth). */
+#define NESTED(o, tag, BODY)                                        \
+    do {                                                            \
+        Out m_ = {NULL, 0};                                         \
+        if (BODY((&m_)) < 0) return -1;                             \
+        out_byte((o), (tag));                                       \
+        out_varint((o), (uint64_t)m_.size);                         \
+        if ((o)->w) {                                               \
+            Out w_ = {(o)->w, 0};                                   \
+            if (BODY((&w_)) < 0) return -1;                         \
+            (o)->w = w_.w;                                          \
+        }                                                           \
+        (o)->size += m_.size;                                       \
+    } while (0)
+
+static int key_value(Out *o, PyObject *key, PyObject *value, int depth) {
+    if (!PyUnicode_Check(key)) {
+        PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute 'encode'", Py_TYPE(key)->tp_name);
+        return -1;
+    }
+    if (PyUnicode_GET_LENGTH(key) && out_text_field(o, 0x0a, key) < 0) return -1; /* key = 1 */
+#define VALUE_BODY(t) any_value((t), value, depth)
+    NESTED(o, 0x12, VALUE_BODY); /* value = 2 */
+#undef VALUE_BODY
+    return 0;
+}
+
+static int array_body(Out *o, PyObject *seq, int depth) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+#define ITEM_BODY(t) any_value((t), items[i], depth + 1)
+        NESTED(o, 0x0a, ITEM_BODY); /* ArrayValue.values = 1 */
+#undef ITEM_BODY
+    }
+    return 0;
+}
+
+static int kvlist_body(Out *o, PyObject *dict, int depth) {
+    Py_ssize_t pos = 0;
+    PyObject *k, *x;
+    while (PyDict_Next(dict, &pos, &k, &x)) {
+#define PAIR_BODY(t) key_value((t), k, x, depth + 1)
+        NESTED(o, 0x0a, PAIR_BODY); /* KeyValueList.values = 1 */
+#undef PAIR_BODY
+    }
+    return 0;
+}
+
+static int any_value(Out *o, PyObject *v, int depth) {
+    if (depth > VALUE_DEPTH_LIMIT) {
+        PyErr_SetString(PyExc_RecursionError, "maximum recursion depth exceeded while encoding an annotation");
+        return -1;
+    }
+    if (PyBool_Check(v)) {
+        out_byte(o, 0x10); /* bool_value = 2 */
+        out_byte(o, v == Py_True ? 1 : 0);
+        return 0;
+    }
+    if (PyLong_Check(v)) {
+        int overflow;
+        long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (n == -1 && PyErr_Occurred()) return -1;
+        if (overflow) {
+            PyErr_Format(PyExc_ValueError, "integer %S is out of the int64 range", v);
+            return -1;
+        }
+        out_byte(o, 0x18); /* int_value = 3 */
+        out_varint(o, (uint64_t)n);
+        return 0;
+    }
+    if (PyFloat_Check(v)) {
+        double d = PyFloat_AS_DOUBLE(v);
+        char le[8];
+        if (PyFloat_Pack8(d, le, 1) < 0) return -1;
+        out_byte(o, 0x21); /* double_value = 4 */
+        out_data(o, le, 8);
+        return 0;
+    }
+    if (PyBytes_Check(v)) {
+        out_byte(o, 0x3a); /* bytes_value = 7 */
+        out_varint(o, (uint64_t)PyBytes_GET_SIZE(v));
+        out_data(o, PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v));
+        return 0;
+    }
+    if (PyList_Check(v) || PyTuple_Check(v)) {
+#define ARRAY_BODY(t) array_body((t), v, depth)
+        NESTED(o, 0x2a, ARRAY_BODY); /* array_value = 5 */
+#undef ARRAY_BODY
+        return 0;
+    }
+    if (PyDict_Check(v)) {
+#define KVLIST_BODY(t) kvlist_body((t), v, depth)
+        NESTED(o, 0x32, KVLIST_BODY); /* kvlist_value = 6 */
+#undef KVLIST_BODY
+        return 0;
+    }
+    PyObject *text = v == Py_None ? Py_NewRef(empty_str) : PyObject_Str(v);
+    if (text == NULL) return -1;
+    int rc = out_text_field(o, 0x0a, text); /* string_value = 1 */
+    Py_DECREF(text);
+    return rc;
+}
+
+/* One event: (name, time_ns, attributes). */
+static int event_body(Out *o, PyObject *event) {
+    if (!PyTuple_Check(event) || PyTuple_GET_SIZE(event) != 3 || !PyDict_Check(PyTuple_GET_ITEM(event, 2))) {
+        PyErr_SetString(PyExc_TypeError, "an event is (name, time_ns, attributes)");
+        return -1;
+    }
+    PyObject *name = PyTuple_GET_ITEM(event, 0), *time_ns = PyTuple_GET_ITEM(event, 1);
+    int has_time = PyObject_IsTrue(time_ns);
+    if (has_time < 0) return -1;
+    if (has_time) {
+        unsigned long long t = PyLong_AsUnsignedLongLong(time_ns);
+        if (t == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+        char le[8];
+        for (int i = 0; i < 8; i++) le[i] = (char)((t >> (8 * i)) & 0xFF);
+        out_byte(o, 0x09); /* Event.time_unix_nano = 1 (fixed64) */
+        out_data(o, le, 8);
+    }
+    int has_name = PyObject_IsTrue(name);
+    if (has_name < 0) return -1;
+    if (has_name) {
+        if (!PyUnicode_Check(name)) {
+            PyErr_SetString(PyExc_TypeError, "an event name is str");
+            return -1;
+        }
+        if (out_text_field(o, 0x12, name) < 0) return -1; /* Event.name = 2 */
+    }
+    Py_ssize_t pos = 0;
+    PyObject *k, *x;
+    while (PyDict_Next(PyTuple_GET_ITEM(event, 2), &pos, &k, &x)) {
+#define ATTR_BODY(t) key_value((t), k, x, 0)
+        NESTED(o, 0x1a, ATTR_BODY); /* Event.attributes = 3 */
+#undef ATTR_BODY
+    }
+    return 0;
+}
+
+static int addition_body(Out *o, PyObject *attributes, PyObject *events) {
+    Py_ssize_t pos = 0;
+    PyObject *k, *x;
+    while (PyDict_Next(attributes, &pos, &k, &x)) {
+#define ATTR_BODY(t) key_value((t), k, x, 0)
+        NESTED(o, 0x4a, ATTR_BODY); /* Span.attributes = 9 */
+#undef ATTR_BODY
+    }
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(events); i++) {
+        PyObject *event = PySequence_Fast_GET_ITEM(events, i);
+#define EVENT_BODY(t) event_body((t), event)
+        NESTED(o, 0x5a, EVENT_BODY); /* Span.events = 11 */
+#undef EVENT_BODY
+    }
+    return 0;
+}
+
+static PyObject *span_addition(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "span_addition(attributes: dict, events=())");
+        return NULL;
+    }
+    PyObject *events = nargs == 2 ? PySequence_Fast(args[1], "events must be iterable") : PyTuple_New(0);
+    if (events == NULL) return NULL;
+    Out measure = {NULL, 0};
+    PyObject *out = NULL;
+    if (addition_body(&measure, args[0], events) == 0) {
+        out = PyBytes_FromStringAndSize(NULL, measure.size);
+        if (out != NULL) {
+            Out write = {PyBytes_AS_STRING(out), 0};
+            if (addition_body(&write, args[0], events) < 0 || write.size != measure.size) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "an annotation changed while encoded");
+                Py_CLEAR(out);
+            }
+        }
+    }
+    Py_DECREF(events);
+    return out;
+}
+
 /* --- module ------------------------------------------------------------------------------- */
 
 /* The records are filled slot by slot, so SpanRecord must have exactly the slots written above. */
@@ -1302,6 +1544,9 @@ static PyMethodDef methods[] = {
      "ExportTraceServiceRequests of the spans ((body, origin) pairs, or objects with .body and .origin;\n"
      "an origin has .resource and .scope, each (bytes, schema URL)), as otel_plumb.export.annotate\n"
      "groups and cuts them."},
+    {"span_addition", (PyCFunction)(void (*)(void))span_addition, METH_FASTCALL,
+     "span_addition(attributes, events=()) -> bytes: a serialised Span holding only these attributes and\n"
+     "events ((name, time_ns, attributes) each), as otel_plumb.export.annotate.span_addition writes it."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -161,9 +161,13 @@ _native, DECODER_DETAIL = _native_decoder()
 DECODER = "native" if _native else "pure-python"
 native_decode_request: Callable[[bytes], list[SpanRecord]] | None = _native.decode_request if _native else None
 native_decode_spans: Callable[[bytes], RequestSpans] | None = _native.decode_spans if _native else None
-# Export requests written around kept spans' bytes (``export.annotate.encode_requests``).
+# Export requests written around kept spans' bytes (``export.annotate.encode_requests``), and
+# annotations in wire format (``export.annotate.span_addition``).
 native_encode_spans: Callable[[Iterable[Any], int, int | None], list[tuple[bytes, int]]] | None = (
     _native.encode_spans if _native else None
+)
+native_span_addition: Callable[[dict[str, Any], Iterable[Any]], bytes] | None = (
+    _native.span_addition if _native else None
 )
 decode_request: Callable[[bytes], list[SpanRecord]] = native_decode_request or pure_decode_request
 
