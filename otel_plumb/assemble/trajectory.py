@@ -166,11 +166,13 @@ def build_trajectory(
     last: dict[str, object] | None = None
     for s in ordered:
         a = s.attributes
-        if a is last or a.keys() <= attributes.keys():
-            continue  # the usual case (resource attributes repeated on every span): nothing new
+        if a is last:
+            continue  # the usual case (one resource's attributes, shared by its spans): nothing new
         last = a
+        # Key by key: a span keeps a few (a subset test of the keys costs more than the lookups).
         for k, v in a.items():
-            attributes.setdefault(k, v)
+            if k not in attributes:
+                attributes[k] = v
     agent_steps = [st for st in steps if st.kind == "agent"]
     agent = agent_steps[0].name if agent_steps else next((st.agent for st in steps if st.agent), None)
     service = attributes.get("service.name")
