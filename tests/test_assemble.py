@@ -494,3 +494,18 @@ def test_spans_are_put_in_start_order_as_a_stable_sort_would(starts, reverse_mos
     expected = sorted(spans, key=lambda s: s.start_ns)
     assert trajectory_module._sort_by_start(spans) == (len(set(starts)) < len(starts))
     assert [s.span_id for s in spans] == [s.span_id for s in expected]
+
+
+@given(st.lists(st.tuples(st.integers(0, 12), st.one_of(st.none(), st.integers(0, 14))), max_size=40),
+       st.integers(1, 50))  # fmt: skip
+def test_whether_a_trace_is_one_tree_is_kept_as_spans_arrive(spans, max_spans):
+    """``single_tree``, counted as spans arrive (in any order, resent, over the span limit, a
+    span its own parent), says what walking the trace's spans says, after every span."""
+    assembler = Assembler(AssemblyLimits(max_spans_per_trace=max_spans))
+    for span_id, parent in spans:
+        parent_id = None if parent is None else f"s{parent}"
+        assembler.add(ns(f"s{span_id}", parent_id), None, 0.0)
+        buf = assembler._traces["t1"]
+        ids = {s.span_id for s in buf.spans}
+        walked = sum(1 for s in buf.spans if s.parent_span_id not in ids) == 1
+        assert buf.single_tree() == walked

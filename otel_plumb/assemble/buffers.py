@@ -124,8 +124,8 @@ class Finished:
 
 class _TraceBuffer:
     __slots__ = (
-        "fingerprints", "first_seen", "has_root", "last_seen", "over_limit", "parent_ids", "payloads", "service",
-        "session_id", "size", "spans", "trace_id", "wait_until",
+        "fingerprints", "first_seen", "has_root", "last_seen", "orphans", "over_limit", "parent_ids", "payloads",
+        "service", "session_id", "size", "spans", "tops", "trace_id", "wait_until",
     )  # fmt: skip
 
     def __init__(self, trace_id: str, now: float, service: str) -> None:
@@ -146,9 +146,26 @@ class _TraceBuffer:
         self.session_id: str | None = None
         # Taken back to wait for late spans until then (``Assembler.wait_for_late_spans``).
         self.wait_until: float | None = None
+        # The spans whose parent is not among the trace's spans (yet), and how many wait for each
+        # missing parent: kept as spans arrive (``took``), so that ``single_tree`` costs nothing
+        # however often the trace goes idle before its root comes.
+        self.tops = 0
+        self.orphans: dict[str, int] = {}
+
+    def took(self, span: NormalisedSpan) -> None:
+        """``span`` was added to ``spans`` (its id to ``fingerprints`` first)."""
+        parent = span.parent_span_id
+        if parent is None or parent not in self.fingerprints:
+            self.tops += 1
+            if parent is not None:
+                self.orphans[parent] = self.orphans.get(parent, 0) + 1
+        self.tops -= self.orphans.pop(span.span_id, 0)
 
     def single_tree(self) -> bool:
         """True when the spans hang from one top span (a root whose parent is remote)."""
+        if not self.over_limit:
+            return self.tops == 1
+        # Spans over the limit have ids (in ``fingerprints``) but are no spans: counted anew.
         ids = {s.span_id for s in self.spans}
         return sum(1 for s in self.spans if s.parent_span_id not in ids) == 1
 
@@ -392,6 +409,7 @@ class Assembler:
         if parent is not None:
             span.parent_span_id = buf.parent_ids.setdefault(parent, parent)
         buf.spans.append(span)
+        buf.took(span)
         buf.payloads.append(payload)
         buf.size += size
         self.bytes_buffered += size
@@ -533,6 +551,8 @@ class Assembler:
         buf = self._traces[tid] = _TraceBuffer(tid, done.first_seen, "" if service is None else str(service))
         buf.last_seen, buf.has_root, buf.session_id = now, True, done.session_id
         buf.spans, buf.payloads, buf.fingerprints, buf.size = done.spans, done.payloads, decided.fingerprints, done.size
+        for span in buf.spans:
+            buf.took(span)
         buf.wait_until = now + self.limits.confirm_wait_s
         self._hold(buf)
         self._services.add(buf.service, tid)
