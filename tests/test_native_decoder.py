@@ -417,6 +417,22 @@ def test_short_strings_are_shared_between_spans_and_requests() -> None:
     assert longs == [long_value.decode()] * 3 and len({id(v) for v in longs}) == 3
 
 
+
+def assert_keeps_nothing(churn: Callable[[], None]) -> None:
+    """Memory after running ``churn`` twice more is as it was after once (after a warm-up: interned
+    strings, free lists): what it made and refused was all let go."""
+    churn()
+    tracemalloc.start()
+    try:
+        churn()
+        first, _ = tracemalloc.get_traced_memory()
+        churn()
+        second, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert second - first < 64 * 1024, (first, second)
+
+
 def test_no_memory_is_kept_across_decodes() -> None:
     """Objects built for a request are all freed, whether it was accepted or refused half way."""
     good = b"".join(data for _, data in FIXTURE_REQUESTS[:20])
@@ -431,16 +447,7 @@ def test_no_memory_is_kept_across_decodes() -> None:
             with pytest.raises(DecodeError):
                 native.decode_spans(refused)
 
-    churn()  # warm up: interned strings, free lists
-    tracemalloc.start()
-    try:
-        churn()
-        first, _ = tracemalloc.get_traced_memory()
-        churn()
-        second, _ = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert second - first < 64 * 1024, (first, second)
+    assert_keeps_nothing(churn)
 
 
 # --- fuzzing: mutated, truncated, bit-flipped requests -----------------------------------
@@ -568,16 +575,7 @@ def test_encode_spans_keeps_nothing_it_made():
             with pytest.raises(ValueError):
                 native.span_addition({"a": [1, 2**64]})
 
-    churn()
-    tracemalloc.start()
-    try:
-        churn()
-        first, _ = tracemalloc.get_traced_memory()
-        churn()
-        second, _ = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert second - first < 64 * 1024, (first, second)
+    assert_keeps_nothing(churn)
 
 
 # --- span_addition: annotations in wire format --------------------------------------------------
