@@ -22,6 +22,7 @@ from setuptools.command.build_ext import build_ext
 # span annotation: where mypyc measured a gain (bench/replay.py, bench/live.py). Modules at the
 # I/O edges (asyncio, gRPC, SQLite) stay interpreted.
 COMPILED_CORE = [
+    "otel_plumb/model/span.py",
     "otel_plumb/model/trajectory.py",
     "otel_plumb/model/verdict.py",
     "otel_plumb/model/decided.py",

@@ -513,6 +513,32 @@ def test_the_native_decoder_is_chosen_when_built_and_pure_python_when_forced() -
     assert _decoder_in_child({otlp.PURE_PYTHON_ENV: "1"}) == "pure-python True"
 
 
+def test_the_decoder_fills_the_interpreted_record_as_well() -> None:
+    """Beside the interpreted core (a compiler failed, or it is forced) the decoder fills the plain
+    class's slots, where beside the compiled core it calls ``model.span.decoded``: the same
+    records, and the same fingerprints, either way."""
+    code = """if True:
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        import otel_plumb
+        assert otel_plumb.core() == "pure-python"
+        from test_native_decoder import FIXTURE_REQUESTS, native, pure_decode, record
+        from otel_plumb.model.span import SpanRecord, fingerprint
+        assert type(SpanRecord.trace_id).__name__ == "member_descriptor"
+        n = 0
+        for _, data in FIXTURE_REQUESTS:
+            records, wires, _origins = native.decode_spans(data)
+            assert [record(r) for r in records] == [record(r) for r in pure_decode(data)]
+            assert [w[3] for w in wires] == [fingerprint(r) for r in records]
+            n += len(records)
+        print(n)
+    """
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)],
+                         env={**os.environ, otlp.PURE_PYTHON_ENV: "1"}, capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert int(out.stdout) == sum(len(pure_decode(data)) for _, data in FIXTURE_REQUESTS)
+
+
 # --- encode_spans: export requests written around kept spans' bytes --------------------------
 
 resources = st.builds(lambda v: Resource(attributes=[KeyValue(key="service.name", value=AnyValue(string_value=v))])

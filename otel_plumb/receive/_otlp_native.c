@@ -55,7 +55,15 @@ enum {
     S_TRACE_ID, S_SPAN_ID, S_PARENT, S_NAME, S_KIND, S_START, S_END, S_STATUS_CODE, S_STATUS_MESSAGE,
     S_ATTRIBUTES, S_EVENTS, S_RESOURCE, S_SCOPE_NAME, N_SLOTS
 };
+/* How records are made. A SpanRecord of plain Python has slots, filled here by offset. The
+ * compiled core's SpanRecord (mypyc) holds its fields in a C struct of its own: it is made by
+ * calling the compiled model.span.decoded (positional arguments: no keywords to match), and its
+ * resource and scope are set through the setters of its attribute descriptors. */
 static Py_ssize_t slot_offset[N_SLOTS];
+static PyObject *make_record; /* model.span.decoded when SpanRecord is compiled, else NULL */
+static setter set_resource, set_scope_name;
+static void *set_resource_closure, *set_scope_name_closure;
+static PyObject *empty_resource;
 
 #define SLOT(obj, i) (*(PyObject **)((char *)(obj) + slot_offset[i]))
 
@@ -249,13 +257,12 @@ static int append_bytes(Dec *d, PyObject **slot, ptr a, ptr b) {
  * code, status message, attribute keys, event count), the same tuple hashed the same way. */
 #define FINGERPRINT_MASK ((1ULL << 60) - 1)
 
-static PyObject *record_fingerprint(PyObject *record) {
-    PyObject *keys = PySequence_Tuple(SLOT(record, S_ATTRIBUTES));
-    PyObject *events = PyLong_FromSsize_t(PyList_GET_SIZE(SLOT(record, S_EVENTS)));
+static PyObject *record_fingerprint(PyObject *const *v) {
+    PyObject *keys = PySequence_Tuple(v[S_ATTRIBUTES]);
+    PyObject *events = PyLong_FromSsize_t(PyList_GET_SIZE(v[S_EVENTS]));
     PyObject *fields = NULL, *out = NULL;
     if (keys != NULL && events != NULL) {
-        fields = PyTuple_Pack(7, SLOT(record, S_NAME), SLOT(record, S_START), SLOT(record, S_END),
-                              SLOT(record, S_STATUS_CODE), SLOT(record, S_STATUS_MESSAGE), keys, events);
+        fields = PyTuple_Pack(7, v[S_NAME], v[S_START], v[S_END], v[S_STATUS_CODE], v[S_STATUS_MESSAGE], keys, events);
     }
     if (fields != NULL) {
         Py_hash_t hash = PyObject_Hash(fields);
@@ -268,13 +275,13 @@ static PyObject *record_fingerprint(PyObject *record) {
 }
 
 /* (span bytes, trace id bytes, origin index, fingerprint) of the span just recorded. */
-static int append_wire(Dec *d, PyObject *record, ptr span, ptr span_end, ptr trace_id, ptr trace_end) {
+static int append_wire(Dec *d, PyObject *const *v, ptr span, ptr span_end, ptr trace_id, ptr trace_end) {
     PyObject *w = PyTuple_New(4);
     if (w == NULL) return fail(d, E_PYTHON);
     PyObject *body = PyBytes_FromStringAndSize((const char *)span, span_end - span);
     PyObject *tid = PyBytes_FromStringAndSize((const char *)trace_id, trace_end - trace_id);
     PyObject *origin = PyLong_FromSsize_t(d->origin);
-    PyObject *fingerprint = record_fingerprint(record);
+    PyObject *fingerprint = record_fingerprint(v);
     if (body == NULL || tid == NULL || origin == NULL || fingerprint == NULL) {
         Py_XDECREF(body);
         Py_XDECREF(tid);
@@ -674,6 +681,25 @@ static int parse_status(Dec *d, ptr p, ptr end, int32_t *code, PyObject **messag
     return leave(d, p, end);
 }
 
+/* A SpanRecord of the fields v (borrowed, each set unless an allocation failed) appended to out. */
+static int add_record(PyObject *out, PyObject *const *v) {
+    for (int i = 0; i < N_SLOTS; i++) {
+        if (v[i] == NULL) return -1;
+    }
+    PyObject *record;
+    if (make_record != NULL) {
+        record = PyObject_Vectorcall(make_record, v, N_SLOTS, NULL);
+        if (record == NULL) return -1;
+    } else {
+        record = SpanRecordType->tp_alloc(SpanRecordType, 0);
+        if (record == NULL) return -1;
+        for (int i = 0; i < N_SLOTS; i++) SLOT(record, i) = Py_NewRef(v[i]);
+    }
+    int rc = PyList_Append(out, record);
+    Py_DECREF(record);
+    return rc;
+}
+
 /* One Span -> a SpanRecord appended to out (resource and scope_name are filled in by the caller). */
 static int parse_span(Dec *d, ptr p, ptr end, PyObject *out) {
     if (enter(d) < 0) return -1;
@@ -748,36 +774,29 @@ static int parse_span(Dec *d, ptr p, ptr end, PyObject *out) {
     }
     if (leave(d, p, end) < 0) goto done;
     {
-        PyObject *record = SpanRecordType->tp_alloc(SpanRecordType, 0);
-        if (record == NULL) {
+        /* Its fields, the resource and scope left to the caller, as new references. */
+        PyObject *v[N_SLOTS] = {
+            hex_id(trace_id, trace_end),
+            hex_id(span_id, span_end),
+            parent == parent_end ? Py_NewRef(Py_None) : hex_id(parent, parent_end),
+            name ? Py_NewRef(name) : Py_NewRef(empty_str),
+            PyLong_FromLong(kind),
+            PyLong_FromUnsignedLongLong(start_ns),
+            PyLong_FromUnsignedLongLong(end_ns),
+            PyLong_FromLong(status_code),
+            status_message ? Py_NewRef(status_message) : Py_NewRef(empty_str),
+            attrs ? Py_NewRef(attrs) : PyDict_New(),
+            events ? Py_NewRef(events) : PyList_New(0),
+            Py_NewRef(empty_resource),
+            Py_NewRef(empty_str),
+        };
+        int made = add_record(out, v);
+        if (made == 0 && d->wires) made = append_wire(d, v, span_start, end, trace_id, trace_end);
+        for (int i = 0; i < N_SLOTS; i++) Py_XDECREF(v[i]);
+        if (made < 0) {
             fail(d, E_PYTHON);
             goto done;
         }
-        /* Appended first, so that a failure below leaves it to the list to free. */
-        if (PyList_Append(out, record) < 0) {
-            Py_DECREF(record);
-            fail(d, E_PYTHON);
-            goto done;
-        }
-        Py_DECREF(record);
-        SLOT(record, S_TRACE_ID) = hex_id(trace_id, trace_end);
-        SLOT(record, S_SPAN_ID) = hex_id(span_id, span_end);
-        SLOT(record, S_PARENT) = parent == parent_end ? Py_NewRef(Py_None) : hex_id(parent, parent_end);
-        SLOT(record, S_NAME) = name ? Py_NewRef(name) : Py_NewRef(empty_str);
-        SLOT(record, S_KIND) = PyLong_FromLong(kind);
-        SLOT(record, S_START) = PyLong_FromUnsignedLongLong(start_ns);
-        SLOT(record, S_END) = PyLong_FromUnsignedLongLong(end_ns);
-        SLOT(record, S_STATUS_CODE) = PyLong_FromLong(status_code);
-        SLOT(record, S_STATUS_MESSAGE) = status_message ? Py_NewRef(status_message) : Py_NewRef(empty_str);
-        SLOT(record, S_ATTRIBUTES) = attrs ? Py_NewRef(attrs) : PyDict_New();
-        SLOT(record, S_EVENTS) = events ? Py_NewRef(events) : PyList_New(0);
-        for (int i = 0; i < S_RESOURCE; i++) {
-            if (SLOT(record, i) == NULL) {
-                fail(d, E_PYTHON);
-                goto done;
-            }
-        }
-        if (d->wires && append_wire(d, record, span_start, end, trace_id, trace_end) < 0) goto done;
     }
     rc = 0;
 done:
@@ -788,13 +807,19 @@ done:
     return rc;
 }
 
-/* Sets one slot of every record from index `from` on (the resource or scope of their batch). */
-static void fill_slot(PyObject *out, Py_ssize_t from, int slot, PyObject *value) {
+/* Sets one field of every record from index `from` on (the resource or scope of their batch). */
+static int fill_slot(PyObject *out, Py_ssize_t from, int slot, PyObject *value) {
     Py_ssize_t n = PyList_GET_SIZE(out);
     for (Py_ssize_t i = from; i < n; i++) {
         PyObject *record = PyList_GET_ITEM(out, i);
-        Py_XSETREF(SLOT(record, slot), Py_NewRef(value));
+        if (make_record == NULL) {
+            Py_XSETREF(SLOT(record, slot), Py_NewRef(value));
+        } else if (slot == S_RESOURCE ? set_resource(record, value, set_resource_closure)
+                                      : set_scope_name(record, value, set_scope_name_closure)) {
+            return -1;
+        }
     }
+    return 0;
 }
 
 static int parse_scope(Dec *d, ptr p, ptr end, PyObject **name) {
@@ -842,7 +867,10 @@ static int parse_scope_spans(Dec *d, ptr p, ptr end, PyObject *out) {
         }
     }
     if (leave(d, p, end) < 0) goto done;
-    fill_slot(out, first, S_SCOPE_NAME, scope_name ? scope_name : empty_str);
+    if (fill_slot(out, first, S_SCOPE_NAME, scope_name ? scope_name : empty_str) < 0) {
+        fail(d, E_PYTHON);
+        goto done;
+    }
     if (d->origins) {
         /* The resource is filled in once its ResourceSpans is read (it may come last). */
         PyObject *origin = Py_BuildValue("(OOOO)", Py_None, Py_None, scope ? scope : empty_bytes,
@@ -908,7 +936,10 @@ static int parse_resource_spans(Dec *d, ptr p, ptr end, PyObject *out) {
         }
     }
     if (leave(d, p, end) < 0) goto done;
-    fill_slot(out, first, S_RESOURCE, resource);
+    if (fill_slot(out, first, S_RESOURCE, resource) < 0) {
+        fail(d, E_PYTHON);
+        goto done;
+    }
     if (d->origins) {
         Py_ssize_t n = PyList_GET_SIZE(d->origins);
         for (Py_ssize_t i = first_origin; i < n; i++) {
@@ -1497,12 +1528,45 @@ static PyObject *span_addition(PyObject *module, PyObject *const *args, Py_ssize
 
 /* --- module ------------------------------------------------------------------------------- */
 
-/* The records are filled slot by slot, so SpanRecord must have exactly the slots written above. */
-static int bind_span_record(PyObject *cls) {
+/* The compiled SpanRecord: made by model.span.decoded, its resource and scope set through their
+ * descriptors' setters. */
+static int bind_compiled_record(PyObject *module, PyObject *cls) {
+    static const char *const names[] = {"resource", "scope_name"};
+    setter *setters[] = {&set_resource, &set_scope_name};
+    void **closures[] = {&set_resource_closure, &set_scope_name_closure};
+    for (int i = 0; i < 2; i++) {
+        PyObject *descr = PyObject_GetAttrString(cls, names[i]);
+        if (descr == NULL) return -1;
+        /* The type holds its descriptors, and they their getset definitions, as long as it lives. */
+        int ok = Py_IS_TYPE(descr, &PyGetSetDescr_Type) && ((PyGetSetDescrObject *)descr)->d_getset->set != NULL;
+        if (ok) {
+            *setters[i] = ((PyGetSetDescrObject *)descr)->d_getset->set;
+            *closures[i] = ((PyGetSetDescrObject *)descr)->d_getset->closure;
+        }
+        Py_DECREF(descr);
+        if (!ok) {
+            PyErr_Format(PyExc_ImportError, "the compiled SpanRecord.%s cannot be set", names[i]);
+            return -1;
+        }
+    }
+    make_record = PyObject_GetAttrString(module, "decoded");
+    if (make_record == NULL) return -1;
+    SpanRecordType = (PyTypeObject *)Py_NewRef(cls);
+    return 0;
+}
+
+/* SpanRecord as the core has it: the compiled class (its fields are descriptors of the core's
+ * own), or a plain class whose slots are filled by offset, which must be exactly those above. */
+static int bind_span_record(PyObject *module, PyObject *cls) {
     if (!PyType_Check(cls)) {
         PyErr_SetString(PyExc_ImportError, "SpanRecord is not a class");
         return -1;
     }
+    PyObject *first = PyObject_GetAttrString(cls, RECORD_SLOTS[0]);
+    if (first == NULL) return -1;
+    int compiled = Py_IS_TYPE(first, &PyGetSetDescr_Type);
+    Py_DECREF(first);
+    if (compiled) return bind_compiled_record(module, cls);
     PyObject *slots = PyObject_GetAttrString(cls, "__slots__");
     if (slots == NULL) return -1;
     PyObject *have = PySet_New(slots);
@@ -1557,12 +1621,11 @@ PyMODINIT_FUNC PyInit__otlp_native(void) {
     if (span == NULL) return NULL;
     PyObject *record = PyObject_GetAttrString(span, "SpanRecord");
     SpanEventType = PyObject_GetAttrString(span, "SpanEvent");
+    empty_resource = PyDict_New();
+    int bound = record != NULL && SpanEventType != NULL && empty_resource != NULL && bind_span_record(span, record) == 0;
+    Py_XDECREF(record);
     Py_DECREF(span);
-    if (record == NULL || SpanEventType == NULL || bind_span_record(record) < 0) {
-        Py_XDECREF(record);
-        return NULL;
-    }
-    Py_DECREF(record);
+    if (!bound) return NULL;
     PyObject *message = PyImport_ImportModule("google.protobuf.message");
     if (message == NULL) return NULL;
     DecodeError = PyObject_GetAttrString(message, "DecodeError");
