@@ -159,7 +159,10 @@ class _TraceBuffer:
             self.tops += 1
             if parent is not None:
                 self.orphans[parent] = self.orphans.get(parent, 0) + 1
-        self.tops -= self.orphans.pop(span.span_id, 0)
+        children = self.orphans.get(span.span_id)  # (get and del: pop with a default is a method call)
+        if children is not None:
+            del self.orphans[span.span_id]
+            self.tops -= children
 
     def single_tree(self) -> bool:
         """True when the spans hang from one top span (a root whose parent is remote)."""

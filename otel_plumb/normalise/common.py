@@ -243,11 +243,16 @@ def short_attributes(span: SpanRecord, shape: Shape) -> dict[str, Any]:
         kept = {}
         _keep_into(kept, resource, [(k, _rule(k, resource=True)) for k in resource])
         _resource_cache = (resource, kept)
-    if not shape.kept:
-        return kept
-    own: dict[str, Any] = {}
-    _keep_into(own, span.attributes, shape.kept)
-    return {**kept, **own} if own else kept
+    out = kept
+    attrs = span.attributes
+    for k, rule in shape.kept:  # no _DROP rule: Shape leaves those out
+        v = attrs[k]
+        if rule == _IF_SHORT and not _short(v):
+            continue
+        if out is kept:
+            out = kept.copy()  # the resource's first, then the span's own over them
+        out[k] = v
+    return out
 
 
 # How an attribute is kept, by key (see _rule).
@@ -269,14 +274,17 @@ def _keep_into(out: dict[str, Any], attrs: Mapping[str, Any], rules: Iterable[tu
         if rule == _DROP:
             continue
         v = attrs[k]
-        if rule == _IF_SHORT:
-            t = type(v)
-            if t is str:
-                if len(v) > MAX_ATTRIBUTE_CHARS:
-                    continue
-            elif t is not int and t is not float and t is not bool:
-                continue
+        if rule == _IF_SHORT and not _short(v):
+            continue
         out[k] = v
+
+
+def _short(v: Any) -> bool:
+    """A scalar, or a string of at most MAX_ATTRIBUTE_CHARS."""
+    t = type(v)
+    if t is str:
+        return len(v) <= MAX_ATTRIBUTE_CHARS
+    return t is int or t is float or t is bool
 
 
 def add_tool_results(out: NormalisedSpan, results: Mapping[str, Any]) -> None:
