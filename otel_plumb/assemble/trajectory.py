@@ -56,9 +56,22 @@ def build_trajectory(
     hidden: list[NormalisedSpan] = []
     # Spans that look like an agent's but follow no convention read here: tool calls may be in them.
     unrecognised: list[NormalisedSpan] = []
+    # The traces in order of their first span, the last end, the first session named.
+    trace_ids_seen: dict[str, None] = {}
+    last_trace: str | None = None
+    end_ns = 0
+    first_session: str | None = None
     # One pass over the spans (this runs once per span): what later passes need is noted here,
     # so that a trace without model or tool calls (HTTP and database traffic) takes no other.
+    # (Loops, not generators: this is compiled, where a generator costs a call per item.)
     for s in spans:
+        if s.trace_id is not last_trace:  # a trace's spans share one string (the assembler's)
+            last_trace = s.trace_id
+            trace_ids_seen[last_trace] = None
+        if s.end_ns > end_ns:
+            end_ns = s.end_ns
+        if first_session is None and s.session_id:
+            first_session = s.session_id
         if s.problems:
             problems.extend(s.problems)
         # A top span: no parent, or a parent not in the trace (a parent in another trace of the
@@ -83,7 +96,7 @@ def build_trajectory(
             hidden.append(s)
         if s.convention == "unrecognised":
             unrecognised.append(s)
-    trace_ids = list(dict.fromkeys(s.trace_id for s in spans))
+    trace_ids = list(trace_ids_seen)
     roots = [_root(tops) for tops in tops_by_trace.values()]
     root = roots[0] if roots else None
     # A trace with no top span at all is a loop of parent links: no root either.
@@ -173,8 +186,7 @@ def build_trajectory(
         for k, v in a.items():
             if k not in attributes:
                 attributes[k] = v
-    agent_steps = [st for st in steps if st.kind == "agent"]
-    agent = agent_steps[0].name if agent_steps else next((st.agent for st in steps if st.agent), None)
+    agent = _agent_of(steps)
     service = attributes.get("service.name")
     return Trajectory(
         key=key,
@@ -185,13 +197,24 @@ def build_trajectory(
         root_span_id=root.span_id if root is not None else None,
         service=str(service) if service is not None else None,
         agent=agent,
-        session_id=session_id or next((s.session_id for s in spans if s.session_id), None),
+        session_id=session_id or first_session,
         start_ns=spans[0].start_ns if spans else 0,  # sorted by start time
-        end_ns=max((s.end_ns for s in spans), default=0),
+        end_ns=end_ns,
         span_count=len(spans),
         attributes=attributes,
         problems=problems,
     )
+
+
+def _agent_of(steps: list[Step]) -> str | None:
+    """The first agent step's name, else the first agent a step was assigned."""
+    for step in steps:
+        if step.kind == "agent":
+            return step.name
+    for step in steps:
+        if step.agent:
+            return step.agent
+    return None
 
 
 def _uncovered_requests(

@@ -272,7 +272,10 @@ class Trajectory:
         """Whether any span is an agent's: an agent, model or tool span, or one that looks like
         an agent framework's but follows no convention read here. A trace of HTTP, database and
         application spans only is not an agent's run."""
-        return any(s.kind != "other" or s.convention == "unrecognised" for s in self.steps)
+        for s in self.steps:  # noqa: SIM110 (any() over a generator, compiled, costs a call per step)
+            if s.kind != "other" or s.convention == "unrecognised":
+                return True
+        return False
 
     @property
     def case_id(self) -> str | None:

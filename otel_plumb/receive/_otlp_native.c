@@ -611,6 +611,37 @@ static PyObject *hex_id(ptr a, ptr b) {
     return s;
 }
 
+/* Trace and parent ids repeat from span to span (a trace's spans come in several requests,
+ * siblings name one parent): the hex str of an 8- or 16-byte id is kept, with its hash, in a
+ * direct-mapped cache, so it is built and hashed once and buffered spans share it. Span ids are
+ * not: each is new. */
+#define ID_CACHE_SIZE 8192
+typedef struct {
+    PyObject *hex;
+    uint8_t len;
+    uint8_t raw[16];
+} IdEntry;
+static IdEntry id_cache[ID_CACHE_SIZE];
+
+static PyObject *cached_hex_id(ptr a, ptr b) {
+    Py_ssize_t n = b - a;
+    if (n != 16 && n != 8) return hex_id(a, b);
+    uint64_t x; /* the id's last 8 bytes: random in every W3C id (the first may hold a time) */
+    memcpy(&x, b - 8, 8);
+    x = (x ^ (x >> 31)) * 0x9e3779b97f4a7c15ULL;
+    IdEntry *e = &id_cache[(x >> 40) & (ID_CACHE_SIZE - 1)];
+    if (e->hex != NULL && e->len == n && memcmp(e->raw, a, n) == 0) return Py_NewRef(e->hex);
+    PyObject *hex = hex_id(a, b);
+    if (hex == NULL || PyObject_Hash(hex) == -1) {
+        Py_XDECREF(hex);
+        return NULL;
+    }
+    Py_XSETREF(e->hex, Py_NewRef(hex));
+    e->len = (uint8_t)n;
+    memcpy(e->raw, a, n);
+    return hex;
+}
+
 static int parse_event(Dec *d, ptr p, ptr end, PyObject **events) {
     if (enter(d) < 0) return -1;
     PyObject *name = NULL, *attrs = NULL;
@@ -776,9 +807,9 @@ static int parse_span(Dec *d, ptr p, ptr end, PyObject *out) {
     {
         /* Its fields, the resource and scope left to the caller, as new references. */
         PyObject *v[N_SLOTS] = {
-            hex_id(trace_id, trace_end),
+            cached_hex_id(trace_id, trace_end),
             hex_id(span_id, span_end),
-            parent == parent_end ? Py_NewRef(Py_None) : hex_id(parent, parent_end),
+            parent == parent_end ? Py_NewRef(Py_None) : cached_hex_id(parent, parent_end),
             name ? Py_NewRef(name) : Py_NewRef(empty_str),
             PyLong_FromLong(kind),
             PyLong_FromUnsignedLongLong(start_ns),
