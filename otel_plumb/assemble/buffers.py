@@ -27,6 +27,7 @@ from __future__ import annotations
 import enum
 import heapq
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -288,6 +289,9 @@ class Assembler:
         self.limits = limits or AssemblyLimits()
         self._traces: dict[str, _TraceBuffer] = {}  # insertion order = first seen
         self._by_activity: OrderedDict[str, None] = OrderedDict()  # least recently active first
+        # Its move_to_end, bound once: this runs for every span, and compiled code would look the
+        # method up by name at each call.
+        self._to_last: Callable[[str], None] = self._by_activity.move_to_end
         # Idle, without a root and not one tree: not ready until a span of theirs arrives.
         self._parked: dict[str, None] = {}
         # Complete, idle, waiting for late spans until the time given (``wait_for_late_spans``),
@@ -398,7 +402,7 @@ class Assembler:
         else:
             buf.last_seen = now
             if tid in self._by_activity:
-                self._by_activity.move_to_end(tid)
+                self._to_last(tid)
             else:  # parked, or waiting for late spans: one came, so it is idle_timeout from done
                 if self._parked.pop(tid, self) is self:
                     del self._waiting[tid]

@@ -225,9 +225,19 @@ def as_str(value: Any) -> str | None:
     return s or None
 
 
-# One-entry cache: the spans of one ResourceSpans share the resource mapping and arrive together.
-# Swapped as one tuple so concurrent callers never pair a resource with another's attributes.
-_resource_cache: tuple[Mapping[str, Any] | None, dict[str, Any]] = (None, {})
+class _LastResource:
+    """One-entry cache: the spans of one ResourceSpans share the resource mapping and arrive
+    together. ``last`` is swapped as one tuple, so that concurrent callers never pair a resource
+    with another's attributes. (An object's field, not a module global: compiled code looks a
+    global up by name.)"""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: tuple[Mapping[str, Any] | None, dict[str, Any]] = (None, {})
+
+
+_resource_cache: Final = _LastResource()
 
 
 def short_attributes(span: SpanRecord, shape: Shape) -> dict[str, Any]:
@@ -236,13 +246,12 @@ def short_attributes(span: SpanRecord, shape: Shape) -> dict[str, Any]:
 
     A span that keeps none of its own gets its resource's dict, shared by the spans of that
     resource (never written to after normalisation): most spans of a convention keep none."""
-    global _resource_cache
     resource = span.resource
-    cached_resource, kept = _resource_cache
+    cached_resource, kept = _resource_cache.last
     if resource is not cached_resource:
         kept = {}
         _keep_into(kept, resource, [(k, _rule(k, resource=True)) for k in resource])
-        _resource_cache = (resource, kept)
+        _resource_cache.last = (resource, kept)
     out = kept
     attrs = span.attributes
     for k, rule in shape.kept:  # no _DROP rule: Shape leaves those out

@@ -317,15 +317,27 @@ static int read_cached_string(Dec *d, ptr *pp, ptr end, PyObject **slot) {
         *pp = start;
         return read_string(d, pp, end, slot);
     }
-    uint32_t h = 2166136261u;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (a[i] >= 0x80) { /* not ASCII: decoded (and checked) as any string */
-            *pp = start;
-            return read_string(d, pp, end, slot);
-        }
-        h = (h ^ a[i]) * 16777619u;
+    /* Eight bytes at a time: whether all are ASCII, and a hash of them for the cache's index. */
+    uint64_t h = (uint64_t)n, high = 0, w;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, a + i, 8);
+        high |= w;
+        h = (h ^ w) * 0x9e3779b97f4a7c15ULL;
+        h ^= h >> 32;
     }
-    PyObject **entry = &string_cache[h & (STRING_CACHE_SIZE - 1)];
+    if (i < n) {
+        w = 0;
+        memcpy(&w, a + i, (size_t)(n - i));
+        high |= w;
+        h = (h ^ w) * 0x9e3779b97f4a7c15ULL;
+        h ^= h >> 32;
+    }
+    if (high & 0x8080808080808080ULL) { /* not ASCII: decoded (and checked) as any string */
+        *pp = start;
+        return read_string(d, pp, end, slot);
+    }
+    PyObject **entry = &string_cache[(h ^ (h >> 17)) & (STRING_CACHE_SIZE - 1)];
     PyObject *s = *entry;
     if (s == NULL || PyUnicode_GET_LENGTH(s) != n || memcmp(PyUnicode_1BYTE_DATA(s), a, n) != 0) {
         s = PyUnicode_FromKindAndData(PyUnicode_1BYTE_KIND, a, n);
