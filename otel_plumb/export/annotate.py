@@ -130,6 +130,43 @@ class Forwarded:
         return Span.FromString(self.body)
 
 
+class JournalProgress:
+    """What forwarding some spans does to the journal (journal id 0: a span not journaled):
+    ``taken``, spans forwarded per journaled request; ``released``, the requests with no span
+    left to forward (``pending`` counts what was left); ``done``, the (journal id, trace id)
+    pairs of whole traces now forwarded from requests still held (a replay skips them)."""
+
+    __slots__ = ("done", "released", "taken")
+
+    def __init__(self, payloads: list[Forwarded], pending: dict[int, int], whole_traces: bool) -> None:
+        # Compiled, this is a field read per span; it runs for every span forwarded.
+        taken: dict[int, int] = {}
+        traces: dict[int, set[str]] = {}
+        last_id = 0
+        last_traces: set[str] = set()
+        for span in payloads:
+            journal_id = span.journal_id
+            if journal_id == 0:
+                continue
+            taken[journal_id] = taken.get(journal_id, 0) + 1
+            if whole_traces:
+                if journal_id != last_id:
+                    found = traces.get(journal_id)
+                    if found is None:
+                        found = traces[journal_id] = set()
+                    last_id, last_traces = journal_id, found
+                last_traces.add(span.ids.trace_id)
+        self.taken = taken
+        self.released = [journal_id for journal_id, n in taken.items() if pending.get(journal_id, 0) <= n]
+        gone = set(self.released)
+        self.done = sorted(
+            (journal_id, bytes.fromhex(trace_id))
+            for journal_id, trace_ids in traces.items()
+            if journal_id not in gone
+            for trace_id in trace_ids
+        )
+
+
 # Default cut for annotation values (exporters.otlp.max_annotation_chars).
 MAX_ANNOTATION_CHARS: Final = 1024
 

@@ -19,9 +19,7 @@ import gc
 import logging
 import ssl
 import time
-from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
-from operator import attrgetter
 from typing import Any, cast
 
 import grpc
@@ -38,6 +36,7 @@ from otel_plumb.consistency import PathAgreement
 from otel_plumb.console import console_app
 from otel_plumb.export.annotate import (
     Forwarded,
+    JournalProgress,
     Origins,
     annotate,
     encode_requests,
@@ -782,27 +781,17 @@ class Processor:
         """One submit; the journal counts change only once it is on disk. False: storage failed."""
         assert self.exporter is not None
         pending = self._journal_pending
-        # Counted and paired in C (this runs for every span forwarded); journal id 0: not journaled.
-        taken = Counter(map(_journal_id, payloads))
-        taken.pop(0, None)
-        released = [journal_id for journal_id, n in taken.items() if pending.get(journal_id, 0) <= n]
-        # (journal id, trace id) pairs now queued, so that a replay skips those traces; not those
-        # of entries released in the same transaction (their pairs go with them).
-        done: list[tuple[int, bytes]] = []
-        if whole_traces:
-            gone = set(released)
-            pairs = set(map(_journal_and_trace, payloads))
-            done = sorted((j, bytes.fromhex(t)) for j, t in pairs if j and j not in gone)
+        progress = JournalProgress(payloads, pending, whole_traces)
         batches = encode_requests(payloads, self._batch_spans, self._batch_bytes)
         try:
-            await self.exporter.submit(batches, done, released)
+            await self.exporter.submit(batches, progress.done, progress.released)
         except StorageError as exc:
             self._storage_log.error(
                 "submit", "cannot queue %d spans for export (%s); kept in memory, retried every second",
                 len(payloads), exc,
             )  # fmt: skip
             return False
-        for journal_id, n in taken.items():
+        for journal_id, n in progress.taken.items():
             left = pending.get(journal_id, 0) - n
             if left > 0:
                 pending[journal_id] = left
@@ -944,10 +933,6 @@ class _ExportConsumer:
             await p._submit(out)
         if verdict_spans:
             await p._submit_requests([(request.SerializeToString(), 1) for request in verdict_spans])
-
-
-_journal_id = attrgetter("journal_id")
-_journal_and_trace = attrgetter("journal_id", "ids.trace_id")
 
 
 def _set_tenant(records: list[SpanRecord | UnreadSpan], tenant: str) -> None:
