@@ -15,6 +15,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from otel_plumb.export import annotate as annotate_module
 from otel_plumb.export.annotate import (
     Forwarded,
+    JournalProgress,
     Origin,
     annotate,
     build_requests,
@@ -261,3 +262,22 @@ def test_annotation_text_of_a_value_is_its_json(value):
     else:
         expected = value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
     assert annotate_module._text(value) == expected
+
+
+def test_journal_progress_counts_requests_releases_the_finished_and_pairs_the_rest_with_their_traces():
+    """Spans of trace A from requests 7 and 8, of trace B from 8, one span not journaled (0): 8's
+    last pending span goes out, 7 keeps three."""
+    origin = Origin((b"", ""), (b"", ""))
+
+    def forwarded(trace: str, journal_id: int) -> Forwarded:
+        return Forwarded(b"", origin, SpanRecord(trace * 32, "01" * 8, None, "s"), journal_id)
+
+    payloads = [forwarded("a", 7), forwarded("a", 8), forwarded("a", 7), forwarded("b", 8), forwarded("b", 0)]
+    progress = JournalProgress(payloads, {7: 5, 8: 2}, whole_traces=True)
+    assert progress.taken == {7: 2, 8: 2}
+    assert progress.released == [8]
+    # Request 8 is released (its pairs go with it); request 7 still holds trace A's other spans.
+    assert progress.done == [(7, bytes.fromhex("a" * 32))]
+    # Spans forwarded unchecked (not every span of their traces) mark no trace done.
+    partial = JournalProgress(payloads, {7: 5, 8: 3}, whole_traces=False)
+    assert partial.taken == {7: 2, 8: 2} and partial.released == [] and partial.done == []
