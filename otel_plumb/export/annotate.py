@@ -159,12 +159,12 @@ class JournalProgress:
         self.taken = taken
         self.released = [journal_id for journal_id, n in taken.items() if pending.get(journal_id, 0) <= n]
         gone = set(self.released)
-        self.done = sorted(
+        self.done = [
             (journal_id, bytes.fromhex(trace_id))
             for journal_id, trace_ids in traces.items()
             if journal_id not in gone
             for trace_id in trace_ids
-        )
+        ]
 
 
 # Default cut for annotation values (exporters.otlp.max_annotation_chars).

@@ -104,7 +104,8 @@ _frameworks: Final[dict[str, str | None]] = {}
 
 
 def normalise(span: SpanRecord) -> NormalisedSpan:
-    cache_key = (span.scope_name, tuple(span.attributes))
+    # Compiled, list(d.keys()) is one C loop over the dict, tuple(d) an iterator's call per key.
+    cache_key = (span.scope_name, tuple(list(span.attributes.keys())))
     cached = _shapes.get(cache_key)
     if cached is None:
         if len(_shapes) >= _SHAPES_MAX:

@@ -257,8 +257,22 @@ static int append_bytes(Dec *d, PyObject **slot, ptr a, ptr b) {
  * code, status message, attribute keys, event count), the same tuple hashed the same way. */
 #define FINGERPRINT_MASK ((1ULL << 60) - 1)
 
+/* tuple(d) for a dict the decoder made: one pass over its entries (PySequence_Tuple goes
+ * through the iterator protocol, a call per key). */
+static PyObject *keys_tuple(PyObject *dict) {
+    PyObject *keys = PyTuple_New(PyDict_GET_SIZE(dict));
+    if (keys == NULL) return NULL;
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(dict, &pos, &key, &value)) {
+        Py_INCREF(key);
+        PyTuple_SET_ITEM(keys, i++, key);
+    }
+    return keys;
+}
+
 static PyObject *record_fingerprint(PyObject *const *v) {
-    PyObject *keys = PySequence_Tuple(v[S_ATTRIBUTES]);
+    PyObject *keys = keys_tuple(v[S_ATTRIBUTES]);
     PyObject *events = PyLong_FromSsize_t(PyList_GET_SIZE(v[S_EVENTS]));
     PyObject *fields = NULL, *out = NULL;
     if (keys != NULL && events != NULL) {
