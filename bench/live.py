@@ -494,15 +494,16 @@ def count_spans(requests: list[tuple[bytes, list[bytes]]]) -> int:
 
 async def run_point(
     requests: list[tuple[bytes, list[bytes]]], total: int, buffered_max: int, args: argparse.Namespace,
-    warm_up: list[list[tuple[bytes, list[bytes]]]], paced_requests: list[tuple[bytes, list[bytes]]] | None = None,
+    warm_up: list[list[tuple[bytes, list[bytes]]]], paced_requests: list[tuple[bytes, list[bytes], int]] | None = None,
 ) -> dict[str, float]:
     """One measurement: the no-op receiver on ``requests``, then the processor (annotate export to
     a sink) on the same; spans/s end to end, the processor's CPU per span, its peak RSS over its
     RSS once ready, per span buffered at most at once (``buffered_max``). ``warm_up``: waves of
     requests of other traces sent first, each exported in full before the next, before the
     measurement starts (so that it measures a processor whose heap and state files have grown to
-    their working set, as a long-running one has). ``paced_requests``: then sent at each of
-    LATENCY_SHARES of the rate measured, for the decision latency at that load (p50, p99, traces)."""
+    their working set, as a long-running one has). ``paced_requests`` (body, root trace ids,
+    spans): then sent at each of LATENCY_SHARES of the rate measured, for the decision latency at
+    that load (p50, p99, traces)."""
     noop_s = await noop_seconds(requests, args.concurrency)
     sink = Sink()
     sink_port = await sink.start()
@@ -532,7 +533,7 @@ async def run_point(
         latency: dict[str, float] = {}
         if paced_requests is not None:
             # One stream across the shares: a wave cut off by one share's end goes on in the next.
-            stream = ((body, roots, count_spans([(body, roots)])) for body, roots in paced_requests)
+            stream = iter(paced_requests)
             for share in LATENCY_SHARES:
                 latencies = await paced(grpc_port, proc.pid, 8, total / e2e_s * share, sink, stream)
                 latency |= {f"p50@{share}": p50(latencies), f"p99@{share}": p99(latencies),
@@ -600,9 +601,11 @@ async def realistic_main(args: argparse.Namespace) -> None:
         # Without a sweep, the decision latency at LATENCY_SHARES of the rate too, on fresh traces:
         # 672,000 spans, enough for 8 s at each share of 52,000 spans/s (a faster processor runs
         # out of them sooner).
-        paced_requests = None if point else realistic_requests(
-            672_000 // per_trace, per_trace, in_flight, payload, seed=args.warm_up + 1, non_agent=non_agent
-        )
+        paced_requests = None if point else [
+            (body, roots, count_spans([(body, roots)])) for body, roots in realistic_requests(
+                672_000 // per_trace, per_trace, in_flight, payload, seed=args.warm_up + 1, non_agent=non_agent
+            )
+        ]  # fmt: skip
         label = {"spans": f"{value} spans/trace", "traces": f"{value:,} in flight", "payload": f"{value:,} B payload",
                  "non-agent": f"{value}% non-agent", None: f"{per_trace}x{in_flight:,}/{payload} B"}[point]  # fmt: skip
         shapes.append((label, requests, count_spans(requests), in_flight * (per_trace - 1), warm_up, paced_requests))
