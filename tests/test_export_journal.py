@@ -9,6 +9,7 @@ the database itself."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import resource
 import sqlite3
@@ -26,6 +27,11 @@ def opened(path: Path) -> DiskQueue:
     q = DiskQueue(path)
     q._open()
     return q
+
+
+def journal(q: DiskQueue, body: bytes) -> int:
+    [journal_id] = q._journal([body])
+    return journal_id
 
 
 def segment_files(path: Path, kind: str = "journal") -> list[Path]:
@@ -46,7 +52,7 @@ def test_a_restart_gives_back_what_was_not_released(tmp_path: Path) -> None:
     path = tmp_path / "q.sqlite"
     q = opened(path)
     bodies = [os.urandom(n) for n in (10, 70_000, 1, 300)]
-    ids = [q._journal(body) for body in bodies]
+    ids = q._journal(bodies)
     q._put([(b"batch", 1)], [(ids[1], b"t" * 16)], [ids[0]])
     q._release([ids[3]])
     q._close()
@@ -76,7 +82,7 @@ def test_journaled_bytes_that_are_not_the_request_are_never_given_back(tmp_path:
     path = tmp_path / "q.sqlite"
     q = opened(path)
     kept, damaged = b"k" * 5000, b"d" * 5000
-    kept_id, damaged_id = q._journal(kept), q._journal(damaged)
+    kept_id, damaged_id = q._journal([kept, damaged])
     q._close()
     [segment] = segment_files(path)
     if damage == "flip":  # what an OS crash leaves when the index was written and the file not
@@ -98,7 +104,7 @@ def test_journaled_bytes_that_are_not_the_request_are_never_given_back(tmp_path:
         assert "checksum" in lost.why if damage == "flip" else "cut short" in lost.why, lost.why
     q.unreadable.clear()
     # A new segment does not take the number of a missing one the index pointed at.
-    later = q._journal(b"later" * 100)
+    [later] = q._journal([b"later" * 100])
     q._close()
     # Dropped from the index: the next start does not report them again.
     q = opened(path)
@@ -131,7 +137,7 @@ def test_freed_segments_are_reused_not_multiplied(tmp_path: Path) -> None:
     q = opened(path)
     inodes: set[int] = set()
     for _ in range(200):
-        jid = q._journal(os.urandom(1500))
+        [jid] = q._journal([os.urandom(1500)])
         inodes |= {p.stat().st_ino for p in segment_files(path)}
         q._release([jid])
     # 200 requests of 1.5 KB went through 4 KiB segments: about 100 segments, in a few files.
@@ -158,11 +164,11 @@ def test_a_queue_of_many_segments_holds_one_file_open(tmp_path: Path) -> None:
 def test_spares_are_deleted_once_kept_long_enough(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "q.sqlite"
     q = opened(path)
-    ids = [q._journal(os.urandom(1500)) for _ in range(40)]
+    ids = [journal(q, os.urandom(1500)) for _ in range(40)]
     busiest = len(segment_files(path))
     monkeypatch.setattr(segments, "SPARE_KEEP_S", 0.0)
     q._release(ids)
-    q._journal(b"one more")
+    journal(q, b"one more")
     # What was needed at the peak is not kept once the load is gone.
     assert busiest >= 10 and len(segment_files(path)) <= 1 + segments.SPARE_SEGMENTS
     q._close()
@@ -175,7 +181,7 @@ def test_a_segment_held_by_a_few_requests_is_compacted(tmp_path: Path) -> None:
     bodies = {}
     for i in range(300):
         body = os.urandom(1000)
-        jid = q._journal(body)
+        jid = journal(q, body)
         bodies[jid] = body
         if i % 8:  # one request in eight stays, a trace that is still waiting for its root
             q._release([jid])
@@ -193,15 +199,15 @@ def test_a_segment_held_by_a_few_requests_is_compacted(tmp_path: Path) -> None:
 def test_a_failed_write_takes_nothing_and_the_next_one_goes_over_it(tmp_path: Path) -> None:
     path = tmp_path / "q.sqlite"
     q = opened(path)
-    first = q._journal(b"a" * 3000)
+    first = journal(q, b"a" * 3000)
     saved = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (4096, saved[1]))  # a write past 4 KiB fails (EFBIG)
     try:
         with pytest.raises(OSError):
-            q._journal(b"b" * 3000)  # 1 KiB of it is written before the limit
+            journal(q, b"b" * 3000)  # 1 KiB of it is written before the limit
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, saved)
-    second = q._journal(b"c" * 3000)
+    second = journal(q, b"c" * 3000)
     q._close()
     q = opened(path)
     assert q._journaled() == [(first, b"a" * 3000, set()), (second, b"c" * 3000, set())]
@@ -225,7 +231,7 @@ def test_requests_journaled_in_the_database_by_an_earlier_version_are_taken_over
     assert q._db.execute("SELECT name FROM sqlite_master WHERE name IN ('journal', 'batches')").fetchall() == []
     # New ids follow the old ones: journal_done must not pair a new request with an old trace,
     # and the sender sends batches in id order.
-    assert q._journal(b"new") > 9
+    assert journal(q, b"new") > 9
     assert q._put([(b"six", 1)], [], []) == [6]
     q._close()
 
@@ -257,7 +263,7 @@ def test_any_sequence_of_operations_gives_back_exactly_what_is_live(ops: list[tu
         for n, (op, arg) in enumerate(ops):
             body = bytes([n % 251]) * arg
             if op == "journal":
-                live[q._journal(body)] = body
+                live[journal(q, body)] = body
             elif op == "queue":  # releasing a journaled request when there is one, as the processor does
                 released = [sorted(live)[arg % len(live)]] if live else []
                 put = [(body[: arg // (i + 1)], n + i) for i in range(1 + arg % 3)]  # one to three batches
@@ -281,3 +287,52 @@ def test_any_sequence_of_operations_gives_back_exactly_what_is_live(ops: list[tu
         assert {jid: body for jid, body, _ in q._journaled()} == live and queued(q) == batches
         assert q.unreadable == []
         q._close()
+
+
+async def test_requests_journaled_together_go_in_one_write_and_each_gets_its_own_id(tmp_path: Path) -> None:
+    path = tmp_path / "q.sqlite"
+    q = DiskQueue(path)
+    await q.open()
+    writes: list[int] = []
+    write = q._journal
+
+    def counted(bodies: list[bytes]) -> list[int]:
+        writes.append(len(bodies))
+        return write(bodies)
+
+    q._journal = counted  # type: ignore[method-assign]
+    bodies = [os.urandom(n) for n in range(1000, 1020)]
+    ids = [await q.journal(bodies[0])]  # alone: written at once
+    first = asyncio.ensure_future(q.journal(bodies[1]))
+    await asyncio.sleep(0)  # its write is on the storage thread: the others wait for the next
+    ids += [await first, *await asyncio.gather(*(q.journal(body) for body in bodies[2:]))]
+    assert writes == [1, 1, 18]
+    assert len(set(ids)) == len(bodies)
+    await q.close()
+    q = opened(path)
+    assert q._journaled() == [(i, body, set()) for i, body in sorted(zip(ids, bodies, strict=True))]
+    q._close()
+
+
+async def test_a_failed_journal_write_fails_its_group_and_the_next_group_is_written(tmp_path: Path) -> None:
+    path = tmp_path / "q.sqlite"
+    q = DiskQueue(path)
+    await q.open()
+    write, failures = q._journal, [OSError(28, "No space left on device")]
+
+    def failing_once(bodies: list[bytes]) -> list[int]:
+        if failures:
+            raise failures.pop()
+        return write(bodies)
+
+    q._journal = failing_once  # type: ignore[method-assign]
+    first = asyncio.ensure_future(q.journal(b"first"))
+    await asyncio.sleep(0)  # its write is on the storage thread: the next two make a group
+    rest = [asyncio.ensure_future(q.journal(body)) for body in (b"second", b"third")]
+    with pytest.raises(OSError, match="No space left"):
+        await first
+    second, third = await asyncio.gather(*rest)
+    await q.close()
+    q = opened(path)
+    assert q._journaled() == [(second, b"second", set()), (third, b"third", set())]
+    q._close()

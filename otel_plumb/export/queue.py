@@ -96,6 +96,9 @@ class DiskQueue:
         self.moved_aside: tuple[Path, str] | None = None
         # What ``journaled`` and ``load`` could not read back (dropped), for the caller to report.
         self.unreadable: list[Unreadable] = []
+        # Received requests waiting for the next journal write (``journal``), with their callers.
+        self._journal_waiting: list[tuple[bytes, asyncio.Future[int]]] = []
+        self._journal_writer: asyncio.Task[None] | None = None
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -297,15 +300,41 @@ class DiskQueue:
     async def release(self, released: list[int]) -> None:
         await self._run(self._release, released)
 
-    def _journal(self, body: bytes) -> int:
-        stored = self._store(self._journal_bodies, body)  # the INSERT commits by itself
-        self._stored(self._journal_bodies, [stored])
-        return stored[2]
+    def _journal(self, bodies: list[bytes]) -> list[int]:
+        with self._transaction():
+            stored = [self._store(self._journal_bodies, body) for body in bodies]
+        self._stored(self._journal_bodies, stored)
+        return [row_id for _, _, row_id in stored]
 
     async def journal(self, body: bytes) -> int:
-        """Journal a received request (durable when this returns); returns its journal id."""
-        result: int = await self._run(self._journal, body)
-        return result
+        """Journal a received request (durable when this returns); returns its journal id.
+
+        Group commit: the requests that arrive while a journal write is on the storage thread
+        go in the next one, in one transaction. Under load that is one thread round trip and
+        one commit for several requests (measured: 224 against 113 CPU us per 600 KB request
+        with many in flight, ``bench/journal.py``); alone, a request is written at once."""
+        loop = asyncio.get_running_loop()
+        written: asyncio.Future[int] = loop.create_future()
+        self._journal_waiting.append((body, written))
+        if self._journal_writer is None or self._journal_writer.done():
+            self._journal_writer = loop.create_task(self._write_journal())
+        return await written
+
+    async def _write_journal(self) -> None:
+        """Writes the waiting requests a group at a time until none is waiting. A failed write
+        fails every request of its group (nothing of it was committed; their clients retry)."""
+        while self._journal_waiting:
+            group, self._journal_waiting = self._journal_waiting, []
+            try:
+                ids: list[int] = await self._run(self._journal, [body for body, _ in group])
+            except Exception as exc:
+                for _, written in group:
+                    if not written.done():
+                        written.set_exception(exc)
+                continue
+            for (_, written), journal_id in zip(group, ids, strict=True):
+                if not written.done():  # a request whose client went away still is journaled
+                    written.set_result(journal_id)
 
     def _journaled(self) -> list[tuple[int, bytes, set[bytes]]]:
         assert self._db is not None
