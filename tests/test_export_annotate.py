@@ -276,8 +276,13 @@ def test_journal_progress_counts_requests_releases_the_finished_and_pairs_the_re
     progress = JournalProgress(payloads, {7: 5, 8: 2}, whole_traces=True)
     assert progress.taken == {7: 2, 8: 2}
     assert progress.released == [8]
-    # Request 8 is released (its pairs go with it); request 7 still holds trace A's other spans.
+    # Request 8 is released (its traces go with it); request 7 still holds trace A's other spans.
     assert progress.done == [(7, bytes.fromhex("a" * 32))]
+    # Request 8 still held: both its traces in one entry, 16 bytes each.
+    held = JournalProgress(payloads, {7: 5, 8: 3}, whole_traces=True)
+    [trace_ids] = [ids for journal_id, ids in held.done if journal_id == 8]
+    assert len(trace_ids) == 32
+    assert {trace_ids[:16], trace_ids[16:]} == {bytes.fromhex("a" * 32), bytes.fromhex("b" * 32)}
     # Spans forwarded unchecked (not every span of their traces) mark no trace done.
     partial = JournalProgress(payloads, {7: 5, 8: 3}, whole_traces=False)
     assert partial.taken == {7: 2, 8: 2} and partial.released == [] and partial.done == []

@@ -54,11 +54,17 @@ def test_a_restart_gives_back_what_was_not_released(tmp_path: Path) -> None:
     bodies = [os.urandom(n) for n in (10, 70_000, 1, 300)]
     ids = q._journal(bodies)
     q._put([(b"batch", 1)], [(ids[1], b"t" * 16)], [ids[0]])
+    # Traces of one request done in one submit share a row; a later submit adds to them.
+    q._put([(b"more", 2)], [(ids[2], b"u" * 16 + b"v" * 16), (ids[1], b"u" * 16)], [])
     q._release([ids[3]])
     q._close()
     q = opened(path)
-    assert q._journaled() == [(ids[1], bodies[1], {b"t" * 16}), (ids[2], bodies[2], set())]
+    assert q._journaled() == [(ids[1], bodies[1], {b"t" * 16, b"u" * 16}), (ids[2], bodies[2], {b"u" * 16, b"v" * 16})]
     assert q.unreadable == []
+    # Released, a request's traces go with it.
+    q._release([ids[1]])
+    assert q._db is not None
+    assert q._db.execute("SELECT COUNT(*) FROM journal_traces_done WHERE jid = ?", (ids[1],)).fetchone()[0] == 0
     q._close()
 
 
@@ -221,15 +227,16 @@ def test_requests_journaled_in_the_database_by_an_earlier_version_are_taken_over
         db.execute("CREATE TABLE journal (id INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB)")
         db.execute("CREATE TABLE journal_done (jid INTEGER, trace_id BLOB, PRIMARY KEY (jid, trace_id)) WITHOUT ROWID")
         db.executemany("INSERT INTO journal (id, body) VALUES (?, ?)", [(7, b"seven" * 1000), (9, b"nine")])
-        db.execute("INSERT INTO journal_done VALUES (7, ?)", (b"t" * 16,))
+        db.executemany("INSERT INTO journal_done VALUES (?, ?)", [(7, b"t" * 16), (7, b"u" * 16), (9, b"v" * 16)])
         db.executemany("INSERT INTO batches (id, spans, body) VALUES (?, ?, ?)", [(4, 2, b"four" * 999), (5, 1, b"5")])
     q = DiskQueue(path)
     assert q._open() == (4, 2, 3, 4 * 999 + 1)
-    assert q._journaled() == [(7, b"seven" * 1000, {b"t" * 16}), (9, b"nine", set())]
+    assert q._journaled() == [(7, b"seven" * 1000, {b"t" * 16, b"u" * 16}), (9, b"nine", {b"v" * 16})]
     assert queued(q) == {4: (b"four" * 999, 2), 5: (b"5", 1)}
     assert q._db is not None
-    assert q._db.execute("SELECT name FROM sqlite_master WHERE name IN ('journal', 'batches')").fetchall() == []
-    # New ids follow the old ones: journal_done must not pair a new request with an old trace,
+    earlier_tables = "SELECT name FROM sqlite_master WHERE name IN ('journal', 'batches', 'journal_done')"
+    assert q._db.execute(earlier_tables).fetchall() == []
+    # New ids follow the old ones: journal_traces_done must not pair a new request with an old trace,
     # and the sender sends batches in id order.
     assert journal(q, b"new") > 9
     assert q._put([(b"six", 1)], [], []) == [6]

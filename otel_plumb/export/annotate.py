@@ -133,8 +133,9 @@ class Forwarded:
 class JournalProgress:
     """What forwarding some spans does to the journal (journal id 0: a span not journaled):
     ``taken``, spans forwarded per journaled request; ``released``, the requests with no span
-    left to forward (``pending`` counts what was left); ``done``, the (journal id, trace id)
-    pairs of whole traces now forwarded from requests still held (a replay skips them)."""
+    left to forward (``pending`` counts what was left); ``done``, per request still held, the
+    whole traces now forwarded from it (a replay skips them): (journal id, their trace ids, 16
+    bytes each, in one ``bytes``)."""
 
     __slots__ = ("done", "released", "taken")
 
@@ -160,10 +161,9 @@ class JournalProgress:
         self.released = [journal_id for journal_id, n in taken.items() if pending.get(journal_id, 0) <= n]
         gone = set(self.released)
         self.done = [
-            (journal_id, bytes.fromhex(trace_id))
+            (journal_id, bytes.fromhex("".join(trace_ids)))
             for journal_id, trace_ids in traces.items()
             if journal_id not in gone
-            for trace_id in trace_ids
         ]
 
 

@@ -3,8 +3,11 @@ acknowledged them, so a backend outage or a restart loses nothing accepted.
 
 The same queue journals received requests whose spans are still being assembled: a request is
 journaled before it is acknowledged to the client, and its journal entry is released in the same
-transaction that queues its last span for export. ``journal_done`` remembers which traces of a
-journaled request were queued already, so a replay after a crash sends no span twice.
+transaction that queues its last span for export. ``journal_traces_done`` remembers which traces
+of a journaled request were queued already, so a replay after a crash sends no span twice: one
+row per journaled request and submit, its trace ids (16 bytes each) in one blob. (A row per
+trace cost an insert and a delete per trace and request, about 0.7 CPU us per span under
+realistic delivery, where a trace's spans come in about ten requests.)
 
 The bytes of both, journaled requests and export batches, are in append-only segment files
 (``segments.py``: one ``pwrite`` each, files reused) in ``<name>-segments/``; the SQLite file
@@ -132,10 +135,8 @@ class DiskQueue:
             f" (id INTEGER PRIMARY KEY AUTOINCREMENT, spans INTEGER NOT NULL, {where})"
         )
         db.execute(f"CREATE TABLE IF NOT EXISTS journal_entries (id INTEGER PRIMARY KEY AUTOINCREMENT, {where})")
-        db.execute(
-            "CREATE TABLE IF NOT EXISTS journal_done (jid INTEGER, trace_id BLOB, PRIMARY KEY (jid, trace_id))"
-            " WITHOUT ROWID"
-        )
+        db.execute("CREATE TABLE IF NOT EXISTS journal_traces_done (jid INTEGER NOT NULL, trace_ids BLOB NOT NULL)")
+        db.execute("CREATE INDEX IF NOT EXISTS journal_traces_done_jid ON journal_traces_done (jid)")
         db.execute("CREATE TABLE IF NOT EXISTS probe (body BLOB)")
         for bodies in (self._journal_bodies, self._batch_bodies):
             db.execute(f"CREATE INDEX IF NOT EXISTS {bodies.table}_segment ON {bodies.table} (segment)")
@@ -147,8 +148,9 @@ class DiskQueue:
         for bodies in (self._journal_bodies, self._batch_bodies):
             bodies.files.open(db.execute(f"SELECT segment, offset, length FROM {bodies.table}"))
         # Earlier versions kept the bodies in the rows: moved to segments, under the same ids
-        # (journal_done refers to journal ids, the sender's order to batch ids).
+        # (journal_traces_done refers to journal ids, the sender's order to batch ids).
         moved = self._move_rows("journal", "id, body", self._journal_bodies)
+        self._move_done_rows()
         if self._move_rows("batches", "id, body, spans", self._batch_bodies) or moved:
             db.execute("VACUUM")  # the file gives back the pages the bodies took
         first, count, spans, size = db.execute(
@@ -173,6 +175,16 @@ class DiskQueue:
             db.execute(f"DROP TABLE {old_table}")
         self._stored(bodies, added)
         return True
+
+    def _move_done_rows(self) -> None:
+        """Earlier versions kept a row per (journal id, trace id) in ``journal_done``: each is a
+        row of one trace id now."""
+        assert self._db is not None
+        db = self._db
+        if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'journal_done'").fetchone():
+            with self._transaction():
+                db.execute("INSERT INTO journal_traces_done (jid, trace_ids) SELECT jid, trace_id FROM journal_done")
+                db.execute("DROP TABLE journal_done")
 
     async def open(self) -> tuple[int, int, int, int]:
         """Opens the file; returns (first id not yet acknowledged, batches waiting, spans waiting,
@@ -273,7 +285,7 @@ class DiskQueue:
         assert self._db is not None
         with self._transaction():
             stored = [self._store(self._batch_bodies, body, None, spans) for body, spans in batches]
-            self._db.executemany("INSERT OR IGNORE INTO journal_done (jid, trace_id) VALUES (?, ?)", done)
+            self._db.executemany("INSERT INTO journal_traces_done (jid, trace_ids) VALUES (?, ?)", done)
             freed = self._delete_journal(released)
         self._stored(self._batch_bodies, stored)
         self._freed(self._journal_bodies, freed)
@@ -282,14 +294,15 @@ class DiskQueue:
     async def put(
         self, batches: list[tuple[bytes, int]], done: list[tuple[int, bytes]], released: list[int]
     ) -> list[int]:
-        """Queue serialised requests; in the same transaction, mark (journal id, trace id) pairs
-        as queued and drop the journal entries that have nothing left in flight."""
+        """Queue serialised requests; in the same transaction, mark traces of journaled requests
+        as queued (``done``: journal id, and the trace ids, 16 bytes each, in one ``bytes``) and
+        drop the journal entries that have nothing left in flight."""
         result: list[int] = await self._run(self._put, batches, done, released)
         return result
 
     def _delete_journal(self, released: list[int]) -> list[tuple[int, int]]:
         assert self._db is not None
-        self._db.executemany("DELETE FROM journal_done WHERE jid = ?", [(jid,) for jid in released])
+        self._db.executemany("DELETE FROM journal_traces_done WHERE jid = ?", [(jid,) for jid in released])
         return self._delete_rows(self._journal_bodies, released)
 
     def _release(self, released: list[int]) -> None:
@@ -339,8 +352,8 @@ class DiskQueue:
     def _journaled(self) -> list[tuple[int, bytes, set[bytes]]]:
         assert self._db is not None
         done: dict[int, set[bytes]] = {}
-        for jid, trace_id in self._db.execute("SELECT jid, trace_id FROM journal_done"):
-            done.setdefault(jid, set()).add(trace_id)
+        for jid, trace_ids in self._db.execute("SELECT jid, trace_ids FROM journal_traces_done"):
+            done.setdefault(jid, set()).update(trace_ids[i : i + 16] for i in range(0, len(trace_ids), 16))
         entries, lost = [], []
         for jid, *where in self._db.execute(
             "SELECT id, segment, offset, length, checksum FROM journal_entries ORDER BY id"
