@@ -74,6 +74,32 @@ def test_idle_timeout_after_root_and_late_spans():
     assert asm2.add(ns("c", "a", 2), None, now=2.1, fingerprint=6)[0] is AddOutcome.CONFLICTING_DUPLICATE
 
 
+def test_a_trace_let_go_says_when_its_last_span_was_taken():
+    """The decision latency counts from there: not from a span over the limit, a duplicate or
+    the trace being taken back to wait for late spans; a session's, from its last trace's."""
+    asm = Assembler(AssemblyLimits(idle_timeout_s=1.0, max_wait_s=100, max_spans_per_trace=2, confirm_wait_s=5.0))
+    asm.add(ns("a"), None, now=0.0, fingerprint=1)
+    asm.add(ns("b", "a", 1), None, now=0.4, fingerprint=2)
+    assert asm.add(ns("b", "a", 1), None, now=0.6, fingerprint=2)[0] is AddOutcome.DUPLICATE
+    assert asm.add(ns("c", "a", 2), None, now=0.7, fingerprint=3)[0] is AddOutcome.OVER_LIMIT
+    (done,) = asm.due(1.8)
+    assert (done.first_seen, done.last_span_at) == (0.0, 0.4)
+    asm = Assembler(AssemblyLimits(idle_timeout_s=1.0, max_wait_s=100, confirm_wait_s=5.0))
+    asm.add(ns("a"), None, now=0.0)
+    asm.add(ns("b", "a", 1), None, now=0.3)
+    (done,) = asm.due(1.5)
+    assert asm.wait_for_late_spans(done, 1.5)
+    (again,) = asm.due(6.5)
+    assert again.waited and again.last_span_at == 0.3
+    asm = Assembler(AssemblyLimits(group_by="session", idle_timeout_s=0.1, session_idle_timeout_s=5))
+    asm.add(ns("a", trace="t1", session_id="s"), None, 0.0)
+    asm.add(ns("b", trace="t2", session_id="s", start=100), None, 0.2)
+    asm.add(ns("c", "b", trace="t2", session_id="s", start=101), None, 0.25)
+    assert asm.due(1.0) == []  # the traces are done; the session waits
+    (session,) = asm.due(10.0)
+    assert session.last_span_at == 0.25
+
+
 def test_max_wait_cuts_short_as_incomplete_and_eviction_bounds_memory():
     asm = Assembler(AssemblyLimits(idle_timeout_s=1.0, max_wait_s=3.0, max_traces=2))
     asm.add(ns("a", "p", trace="t1"), None, now=0.0)

@@ -95,11 +95,13 @@ class Finished:
     size: int = 0
     # It was taken back once to wait for late spans (``Assembler.wait_for_late_spans``).
     waited: bool = False
+    # When its last span was taken: the decision latency starts there.
+    last_span_at: float = 0.0
 
     def __init__(
         self, key: str, spans: list[NormalisedSpan], payloads: list[object], complete: bool,
         incomplete_reason: str | None, first_seen: float, decided_at: float, session_id: str | None = None,
-        trace_ids: list[str] | None = None, size: int = 0, waited: bool = False,
+        trace_ids: list[str] | None = None, size: int = 0, waited: bool = False, last_span_at: float = 0.0,
     ) -> None:  # fmt: skip
         self.key = key
         self.spans = spans
@@ -112,6 +114,7 @@ class Finished:
         self.trace_ids = [] if trace_ids is None else trace_ids
         self.size = size
         self.waited = waited
+        self.last_span_at = last_span_at
 
     def trajectory(self) -> Trajectory:
         return build_trajectory(
@@ -125,8 +128,8 @@ class Finished:
 
 class _TraceBuffer:
     __slots__ = (
-        "fingerprints", "first_seen", "has_root", "last_seen", "orphans", "over_limit", "parent_ids", "payloads",
-        "service", "session_id", "size", "spans", "tops", "trace_id", "wait_until",
+        "fingerprints", "first_seen", "has_root", "last_seen", "last_span_at", "orphans", "over_limit", "parent_ids",
+        "payloads", "service", "session_id", "size", "spans", "tops", "trace_id", "wait_until",
     )  # fmt: skip
 
     def __init__(self, trace_id: str, now: float, service: str) -> None:
@@ -141,7 +144,10 @@ class _TraceBuffer:
         # a tool span), and each arrives with its own copy of the id.
         self.parent_ids: dict[str, str] = {}
         self.first_seen = now
+        # Any span (over the limit too) keeps the trace from going idle; the decision latency
+        # counts from the last span taken.
         self.last_seen = now
+        self.last_span_at = now
         self.has_root = False
         self.over_limit = False
         self.session_id: str | None = None
@@ -400,13 +406,17 @@ class Assembler:
             self._by_activity[tid] = None  # a new trace: last in activity order already
             self._services.add(buf.service, tid)
         else:
-            buf.last_seen = now
             if tid in self._by_activity:
-                self._to_last(tid)
+                # ``now`` never goes back: a trace that had a span at this very time already
+                # stands behind every trace last active earlier (a request's spans share one
+                # ``now``), which is all the activity order needs.
+                if buf.last_seen != now:
+                    self._to_last(tid)
             else:  # parked, or waiting for late spans: one came, so it is idle_timeout from done
                 if self._parked.pop(tid, self) is self:
                     del self._waiting[tid]
                 self._by_activity[tid] = None
+            buf.last_seen = now
         buf.fingerprints[span.span_id] = fingerprint
         if len(buf.spans) >= self.limits.max_spans_per_trace:
             buf.over_limit = True
@@ -417,6 +427,7 @@ class Assembler:
             span.parent_span_id = buf.parent_ids.setdefault(parent, parent)
         buf.spans.append(span)
         buf.took(span)
+        buf.last_span_at = now
         buf.payloads.append(payload)
         buf.size += size
         self.bytes_buffered += size
@@ -527,6 +538,7 @@ class Assembler:
             trace_ids=[tid],
             size=buf.size,
             waited=buf.wait_until is not None,
+            last_span_at=buf.last_span_at,
         )
         if self.limits.group_by == "session" and buf.session_id:
             session = self._sessions.get(buf.session_id)
@@ -557,6 +569,7 @@ class Assembler:
         service = done.spans[0].attributes.get("service.name") if done.spans else None
         buf = self._traces[tid] = _TraceBuffer(tid, done.first_seen, "" if service is None else str(service))
         buf.last_seen, buf.has_root, buf.session_id = now, True, done.session_id
+        buf.last_span_at = done.last_span_at  # taken back, not a span
         buf.spans, buf.payloads, buf.fingerprints, buf.size = done.spans, done.payloads, decided.fingerprints, done.size
         for span in buf.spans:
             buf.took(span)
@@ -612,4 +625,5 @@ class Assembler:
             session_id=key,
             trace_ids=[t for p in parts for t in p.trace_ids],
             size=size,
+            last_span_at=max(p.last_span_at for p in parts),
         )

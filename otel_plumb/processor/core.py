@@ -172,9 +172,8 @@ class Processor:
             self.consumers.append(ConsistencyConsumer(PathAgreement(config.consistency), self.metrics))
         if self.exporter is not None:
             self.consumers.append(_ExportConsumer(self))
-        # Per trace in flight: when its last span arrived (decision latency), and which
-        # early failures were already reported (so they are reported and counted once).
-        self._last_arrival: dict[str, float] = {}
+        # Per trace in flight: which early failures were already reported (so they are reported
+        # and counted once).
         self._early: dict[str, set[tuple[str, str]]] = {}
         # Early failures found, reported once they still hold confirm_wait later (a batch held
         # up by a retry may hold what undoes them): per trace, in deadline order.
@@ -183,8 +182,7 @@ class Processor:
         self._waited: dict[str, tuple[str, frozenset[tuple[str, str]]]] = {}
         self._rooted: set[str] = set()
         self._origins = Origins()
-        self._spans = SpanTaker(self.intake, self._early_checks, self._early_watch,
-                                self._last_arrival, self._rooted, self._early_state)  # fmt: skip
+        self._spans = SpanTaker(self.intake, self._early_checks, self._early_watch, self._rooted, self._early_state)
         self._incoming = 0  # spans of requests accepted but not yet buffered
         self._incoming_bytes = 0  # and their bytes (the memory limiter counts them too)
         # Evictions not yet in a log line, and when the next line may be written.
@@ -691,7 +689,6 @@ class Processor:
                 before = self._waited.pop(f.key, None)
                 outcome = "stood" if before == _verdict_of(decided) else "cleared"
                 self.metrics.confirm_waits.labels("final", outcome).inc()
-            last = max((self._last_arrival.pop(t, f.first_seen) for t in f.trace_ids), default=f.first_seen)
             early: set[tuple[str, str]] = set()
             for t in f.trace_ids:
                 early |= self._early.pop(t, set())
@@ -699,7 +696,7 @@ class Processor:
                 self._rooted.discard(t)
                 self._early_state.pop(t, None)
             new_failures = [v for v in decided.failures if (v.policy, v.invariant) not in early]
-            decisions.append(Decision(decided, cast("list[Forwarded]", f.payloads), now - last, new_failures))
+            decisions.append(Decision(decided, cast("list[Forwarded]", f.payloads), now - f.last_span_at, new_failures))
             for t in f.trace_ids:
                 tombstone = self.intake.tombstone(t)
                 if tombstone is not None:  # its late spans report only what this did not

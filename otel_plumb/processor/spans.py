@@ -66,20 +66,19 @@ _NONE_REPORTED: Final[frozenset[tuple[str, str]]] = frozenset()
 
 
 class SpanTaker:
-    """Feeds requests' spans to ``intake`` and keeps, per trace in flight, when its last span
-    came (``last_arrival``), whether its root is in (``rooted``) and, with ``early_checks``,
-    its early-check counters (``early_state``, made by ``watch``). O(spans) per request."""
+    """Feeds requests' spans to ``intake`` and keeps, per trace in flight, whether its root is
+    in (``rooted``) and, with ``early_checks``, its early-check counters (``early_state``, made
+    by ``watch``). O(spans) per request."""
 
-    __slots__ = ("early_checks", "early_state", "intake", "last_arrival", "rooted", "watch")
+    __slots__ = ("early_checks", "early_state", "intake", "rooted", "watch")
 
     def __init__(
-        self, intake: Intake, early_checks: bool, watch: EarlyWatch, last_arrival: dict[str, float],
-        rooted: set[str], early_state: dict[str, EarlyState],
+        self, intake: Intake, early_checks: bool, watch: EarlyWatch, rooted: set[str],
+        early_state: dict[str, EarlyState],
     ) -> None:  # fmt: skip
         self.intake = intake
         self.early_checks = early_checks
         self.watch = watch
-        self.last_arrival = last_arrival
         self.rooted = rooted
         self.early_state = early_state
 
@@ -120,7 +119,7 @@ class SpanTaker:
         out = TakenSpans()
         intake = self.intake
         early_checks = self.early_checks
-        last_arrival, rooted, early_state = self.last_arrival, self.rooted, self.early_state
+        rooted, early_state = self.rooted, self.early_state
         for record, (body, trace_id, origin_index, fp) in zip(records, wires, strict=True):
             span_id = record.span_id
             if len(trace_id) != 16 or len(span_id) != 16:
@@ -148,7 +147,6 @@ class SpanTaker:
                 out.taken += 1
                 assert normalised is not None
                 tid = normalised.trace_id  # the trace's one string
-                last_arrival[tid] = now
                 if normalised.parent_span_id is None:
                     rooted.add(tid)
                 # A trace's counters start at its first step that is not "other" (a trace of
