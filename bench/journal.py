@@ -38,17 +38,15 @@ def forwarded_traces(requests: int) -> list[list[Forwarded]]:
     rng = random.Random(7)
     origin = Origin((b"", ""), (b"", ""))
     traces: list[list[Forwarded]] = []
-    running: list[tuple[list[Forwarded], int]] = []
+    running: list[tuple[str, list[Forwarded], int]] = []  # trace id, its spans, its last request
     for journal_id in range(1, requests + 1):
         while len(running) < TRACES_IN_FLIGHT:
-            spans: list[Forwarded] = []
-            traces.append(spans)
-            running.append((spans, journal_id + rng.randint(5, 15)))
-        for spans, _ in running:
-            trace_id = f"{len(traces):032x}" if not spans else spans[0].ids.trace_id
+            traces.append([])
+            running.append((f"{len(traces):032x}", traces[-1], journal_id + rng.randint(5, 15)))
+        for trace_id, spans, _ in running:
             spans += [Forwarded(b"", origin, SpanRecord(trace_id, f"{len(spans) + n:016x}", None, "s"), journal_id)
                       for n in range(2)]  # fmt: skip
-        running = [(spans, last) for spans, last in running if last > journal_id]
+        running = [trace for trace in running if trace[2] > journal_id]
     rng.shuffle(traces)
     return traces
 
