@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from otel_plumb.assemble.trajectory import build_trajectory
+from otel_plumb.assemble.trajectory import build_trajectory, plain_trajectory
 from otel_plumb.model.trajectory import MISSING_PARENT, NormalisedSpan, Trajectory
 
 
@@ -116,7 +116,16 @@ class Finished:
         self.waited = waited
         self.last_span_at = last_span_at
 
-    def trajectory(self) -> Trajectory:
+    def trajectory(self, names_tool: Callable[[str], bool] | None = None) -> Trajectory:
+        """Its trajectory. With ``names_tool``, a trace that is plainly no agent's run comes
+        without its steps (``plain_trajectory``)."""
+        if names_tool is not None and self.session_id is None and len(self.trace_ids) == 1:
+            plain = plain_trajectory(
+                self.key, self.spans, complete=self.complete, incomplete_reason=self.incomplete_reason,
+                names_tool=names_tool,
+            )  # fmt: skip
+            if plain is not None:
+                return plain
         return build_trajectory(
             self.key,
             self.spans,

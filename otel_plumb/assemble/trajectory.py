@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from operator import attrgetter
 from typing import Final
 
@@ -336,6 +336,63 @@ def _depths(spans: list[NormalisedSpan], by_id: dict[str, NormalisedSpan]) -> di
             base += 1
             depth[c.span_id] = base
     return depth
+
+
+def plain_trajectory(
+    key: str, spans: list[NormalisedSpan], *, complete: bool, incomplete_reason: str | None,
+    names_tool: Callable[[str], bool],
+) -> Trajectory | None:  # fmt: skip
+    """The trajectory of one trace that is plainly no agent's run (HTTP, database and application
+    spans, all with no problems, session or framework, under one root that names its service),
+    without its steps or attributes; None for any other trace, which ``build_trajectory`` builds.
+    ``names_tool``: whether a span name may name a tool some policy checks (such a span may hide
+    that tool's call: the trace is built in full, so that the policy can say so).
+
+    Every other field is the one ``build_trajectory`` gives (a property test holds them equal),
+    and so is every decision on it: no policy applies to a trace with no agent span and no such
+    name. Nothing reads a trajectory's steps or attributes when no policy applied (it is
+    counted and forwarded as it came), and building them, for every HTTP and database span a
+    gateway sees, was most of the cost of deciding its traces. O(spans)."""
+    if not spans:
+        return None
+    root: NormalisedSpan | None = None
+    span_ids: set[str] = set()
+    start_ns, end_ns = spans[0].start_ns, 0
+    for s in spans:
+        if (
+            s.kind != "other" or s.convention != "unknown" or s.framework is not None or s.problems
+            or s.session_id is not None or names_tool(s.name)
+        ):  # fmt: skip
+            return None
+        if s.parent_span_id is None:
+            if root is not None:
+                return None  # two roots: the problem lines say which
+            root = s
+        span_ids.add(s.span_id)
+        if s.end_ns > end_ns:
+            end_ns = s.end_ns
+        if s.start_ns < start_ns:
+            start_ns = s.start_ns
+    if root is None:
+        return None
+    service = root.attributes.get("service.name")
+    if service is None:
+        return None  # then the first span in start order naming one names it
+    for s in spans:
+        if s is not root and s.parent_span_id not in span_ids:
+            return None  # a missing parent: the problem lines say which
+    return Trajectory(
+        key=key,
+        trace_ids=[root.trace_id],
+        steps=[],
+        complete=complete,
+        incomplete_reason=None if complete else incomplete_reason,
+        root_span_id=root.span_id,
+        service=str(service),
+        start_ns=start_ns,
+        end_ns=end_ns,
+        span_count=len(spans),
+    )
 
 
 def _root(tops: list[NormalisedSpan]) -> NormalisedSpan | None:

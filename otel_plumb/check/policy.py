@@ -254,6 +254,27 @@ _UNREAD_CONVENTIONS: Final = frozenset({"unknown", "unrecognised"})
 _SPAN_NAMES_MAX: Final = 10_000
 
 
+class ToolNames:
+    """Whether a span name holds the name of a tool some policy checks: a span no convention
+    reads that does may hide that tool's call (``CompiledPolicy.unread_tool_span``), so its
+    trace is built in full (``assemble.plain_trajectory`` asks this of every span of a trace
+    that is no agent's run). Span names repeat: each answer is remembered, boundedly."""
+
+    __slots__ = ("_known", "_tools")
+
+    def __init__(self, policies: Iterable[CompiledPolicy]) -> None:
+        self._tools = sorted({t for p in policies for t in p.tool_names})
+        self._known: dict[str, bool] = {}
+
+    def __call__(self, span_name: str) -> bool:
+        known = self._known.get(span_name)
+        if known is None:
+            if len(self._known) >= _SPAN_NAMES_MAX:
+                self._known.clear()
+            known = self._known[span_name] = any(t in span_name for t in self._tools)
+        return known
+
+
 class CompiledPolicy:
     """A validated policy, compiled once: call ``evaluate`` per trajectory."""
 

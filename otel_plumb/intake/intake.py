@@ -11,6 +11,7 @@ incomplete trajectory with the reason, so checks that need what is missing say i
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -171,14 +172,19 @@ class Intake:
     def buffered_spans(self, trace_id: str) -> list[NormalisedSpan]:
         return self.assembler.buffered_spans(trace_id)
 
-    def trajectory(self, finished: Finished, *, keep_marks: bool = False) -> Trajectory:
+    def trajectory(
+        self, finished: Finished, *, keep_marks: bool = False, names_tool: Callable[[str], bool] | None = None
+    ) -> Trajectory:
         """The trajectory of a finished trace or session, with what the intake knows of its data
-        (kept for a second look with ``keep_marks``, until ``forget_marks``)."""
-        trajectory = finished.trajectory()
-        for tid in finished.trace_ids:
-            marks = self._marks.get(tid) if keep_marks else self._marks.pop(tid, None)
-            if marks is None:
-                continue
+        (kept for a second look with ``keep_marks``, until ``forget_marks``). With ``names_tool``,
+        a trace that is plainly no agent's run, of which all could be read, comes without its
+        steps (``Finished.trajectory``)."""
+        marked = [m for tid in finished.trace_ids if (m := self._marks.get(tid)) is not None] if self._marks else []
+        trajectory = finished.trajectory(None if marked else names_tool)
+        if not keep_marks:
+            for tid in finished.trace_ids:
+                self._marks.pop(tid, None)
+        for marks in marked:
             trajectory.problems.extend(marks.problems)
             if marks.reason is not None and trajectory.complete:
                 trajectory.complete, trajectory.incomplete_reason = False, marks.reason

@@ -29,7 +29,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otel_plumb import tls
 from otel_plumb.assemble import AssemblyLimits, Finished, build_trajectory
-from otel_plumb.check import CompiledPolicy, decide, late_span_could_change, load_policies, redaction_for
+from otel_plumb.check import CompiledPolicy, ToolNames, decide, late_span_could_change, load_policies, redaction_for
 from otel_plumb.check.early import EarlyState, EarlyWatch, in_flight, new_early_failures
 from otel_plumb.configtypes import parse_hostport
 from otel_plumb.consistency import PathAgreement
@@ -153,6 +153,10 @@ class Processor:
         forwarded = config.redaction is not None and config.redaction.redact_forwarded
         self._forward_redaction = self.redaction if forwarded else None
         self._forward_scrub = self._forward_redaction.redactor(()).scrub() if self._forward_redaction else None
+        # A trace plainly no agent's run is decided without its steps (``plain_trajectory``),
+        # unless a redaction applies to traces no policy checks: it reads their steps.
+        no_policy_redacted = self.redaction is not None and self.redaction.redactor(()).active
+        self._names_tool = None if no_policy_redacted else ToolNames(self.policies)
         self._callbacks = CallbackConsumer()
         # Every decision goes to each of these, in order: counted, logged, recorded, streamed,
         # handed to callbacks, exported.
@@ -679,7 +683,8 @@ class Processor:
         decisions: list[Decision] = []
         for f in finished:
             confirming = confirm and self._confirm and f.complete and not f.waited
-            decided = decide(self.policies, self.intake.trajectory(f, keep_marks=confirming))
+            trajectory = self.intake.trajectory(f, keep_marks=confirming, names_tool=self._names_tool)
+            decided = decide(self.policies, trajectory)
             if confirming:
                 if late_span_could_change(self.policies, decided) and self.intake.wait_for_late_spans(f, now):
                     self._waited[f.key] = _verdict_of(decided)
