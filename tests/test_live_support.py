@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import socket
@@ -13,7 +14,8 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -226,3 +228,49 @@ def start_cli(
         proc.wait()
         raise AssertionError("otel-plumb run did not start:\n" + "".join(lines))
     return proc, ports, lines
+
+
+class _Orders(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = json.dumps({"order": self.path.rsplit("/", 1)[-1]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def orders_server() -> Iterator[str]:
+    """A plain HTTP service on 127.0.0.1 answering every GET with a small JSON body: its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Orders)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def http_service(provider: Any, base: str, traces: Sequence[Sequence[str]]) -> None:
+    """A service that is no agent: per trace, one span of its own around the real httpx
+    instrumentation's client spans for each path; its spans are flushed and the provider shut
+    down. Blocking: call it through ``asyncio.to_thread``."""
+    import httpx
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+
+    instrumentor = HTTPXClientInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        tracer = provider.get_tracer("orders-app")
+        with httpx.Client(base_url=base) as client:
+            for paths in traces:
+                with tracer.start_as_current_span("sync_orders"):
+                    for path in paths:
+                        client.get(path).raise_for_status()
+    finally:
+        instrumentor.uninstrument()
+    provider.force_flush()
+    provider.shutdown()

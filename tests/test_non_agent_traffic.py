@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 from test_live_support import (
     agent_provider,
     attribute,
     config,
+    http_service,
     metric,
+    orders_server,
     run_agent,
     scrape,
     sent_spans,
@@ -39,43 +38,9 @@ HTTP_TRACES = 5
 FAULTY_DUP_CHECK = sum(1 for i in INVOICES if i.fault == "skip_duplicate_check")
 
 
-class _Orders(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = json.dumps({"order": self.path.rsplit("/", 1)[-1]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-def _http_service(provider: Any, base: str) -> None:
-    """``HTTP_TRACES`` requests of an instrumented service, each two httpx calls under one span."""
-    import httpx
-    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
-
-    instrumentor = HTTPXClientInstrumentor()
-    instrumentor.instrument(tracer_provider=provider)
-    try:
-        tracer = provider.get_tracer("orders-app")
-        with httpx.Client(base_url=base) as client:
-            for n in range(HTTP_TRACES):
-                with tracer.start_as_current_span("sync_orders"):
-                    client.get(f"/orders/O-{n}").raise_for_status()
-                    client.get(f"/orders/O-{n}/lines").raise_for_status()
-    finally:
-        instrumentor.uninstrument()
-    provider.force_flush()
-    provider.shutdown()
-
-
 async def test_http_service_traces_are_forwarded_untouched_and_never_violate(tmp_path: Path) -> None:
     policy = tmp_path / "everywhere.yaml"
     policy.write_text(POLICY)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Orders)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     backend = OtlpBackend()
     await backend.start(0)
     processor = Processor(config(tmp_path, backend.endpoint, policies=[str(policy)]))
@@ -84,10 +49,12 @@ async def test_http_service_traces_are_forwarded_untouched_and_never_violate(tmp
         assert processor.grpc_port
         http_provider, http_sent = agent_provider(processor.grpc_port, "grpc")
         agent, agent_sent = agent_provider(processor.grpc_port, "grpc")
-        base = f"http://127.0.0.1:{server.server_address[1]}"
-        await asyncio.gather(
-            asyncio.to_thread(_http_service, http_provider, base), asyncio.to_thread(run_agent, agent)
-        )
+        # Each trace: two httpx calls under one span of the service's own.
+        paths = [[f"/orders/O-{n}", f"/orders/O-{n}/lines"] for n in range(HTTP_TRACES)]
+        with orders_server() as base:
+            await asyncio.gather(
+                asyncio.to_thread(http_service, http_provider, base, paths), asyncio.to_thread(run_agent, agent)
+            )
         http = sent_spans(http_sent)
         sent = {**http, **sent_spans(agent_sent)}
         assert len(http) == 3 * HTTP_TRACES
@@ -96,8 +63,6 @@ async def test_http_service_traces_are_forwarded_untouched_and_never_violate(tmp
     finally:
         await processor.stop()
         await backend.stop()
-        server.shutdown()
-        server.server_close()
 
     received = backend.spans()
     assert Counter(s.span_id.hex() for s in received) == Counter(sent.keys()), "every span exactly once"
@@ -113,6 +78,8 @@ async def test_http_service_traces_are_forwarded_untouched_and_never_violate(tmp
     assert metric(text, "plumb_violations_total", invariant="dup-check") == FAULTY_DUP_CHECK
     assert metric(text, "plumb_violations_total") == FAULTY_DUP_CHECK
     assert metric(text, "plumb_trajectories_total", status="unchecked") == HTTP_TRACES
+    # Counted under the service its root names, as every trajectory with no agent is.
+    assert metric(text, "plumb_trajectories_total", status="unchecked", agent="ap-service-grpc") == HTTP_TRACES
     assert metric(text, "plumb_trajectories_total", policy="everywhere") == len(INVOICES)
     # The verdict log (like the store and Watch) holds the agents' trajectories only.
     logged = [json.loads(line) for line in (tmp_path / "verdicts.jsonl").read_text().splitlines()]

@@ -22,7 +22,16 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 from test_export_faults import FakeBackend
-from test_live_support import agent_provider, config, free_port, scrape, start_cli, wait_until
+from test_live_support import (
+    agent_provider,
+    config,
+    free_port,
+    http_service,
+    orders_server,
+    scrape,
+    start_cli,
+    wait_until,
+)
 
 from otel_plumb.model import Decided
 from otel_plumb.processor import Processor
@@ -121,8 +130,12 @@ async def test_no_secret_leaves_a_running_processor(
 
         reader = asyncio.create_task(read_watch())
         await asyncio.to_thread(send_agent_traffic, processor.grpc_port or 0)
+        # And a service that is no agent, whose request URL holds an email address.
+        with orders_server() as base:
+            service, _ = agent_provider(processor.grpc_port or 0)
+            await asyncio.to_thread(http_service, service, base, [[f"/customers/{SECRETS['email']}/orders"]])
         await wait_until(lambda: len(decided) == 1, DEADLINE, "the trajectory decided")
-        await wait_until(lambda: len(backend.spans) == 4, DEADLINE, "the spans forwarded")
+        await wait_until(lambda: len(backend.spans) == 6, DEADLINE, "the spans forwarded")
         await wait_until(lambda: bool(watched), DEADLINE, "the Watch stream")
         metrics_text = await asyncio.to_thread(scrape, processor.metrics_port or 0)
         reader.cancel()
@@ -161,10 +174,14 @@ async def test_no_secret_leaves_a_running_processor(
     token = record["steps"][2]["args"]["card"]["number"]
     assert token.startswith("[hmac:") and token.encode() in annotations
 
+    service_spans = [span for span in backend.spans.values() if span.name != "sync_orders" and not any(
+        a.key.startswith("gen_ai.") for a in span.attributes)]  # fmt: skip
+    assert len(service_spans) == 1  # the httpx client span
     if redact_forwarded:
         assert found_secrets(forwarded) == []
     else:  # forwarded untouched apart from the annotations
         assert set(found_secrets(forwarded)) == set(SECRETS)
+        assert found_secrets(service_spans[0].SerializeToString()) == ["email"]
 
 
 

@@ -351,7 +351,8 @@ def plain_trajectory(
     Every other field is the one ``build_trajectory`` gives (a property test holds them equal),
     and so is every decision on it: no policy applies to a trace with no agent span and no such
     name. Nothing reads a trajectory's steps or attributes when no policy applied (it is
-    counted and forwarded as it came), and building them, for every HTTP and database span a
+    counted and forwarded as it came; redaction looks for its paths in captured arguments and
+    results, which such spans have none of), and building them, for every HTTP and database span a
     gateway sees, was most of the cost of deciding its traces. O(spans)."""
     if not spans:
         return None

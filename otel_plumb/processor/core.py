@@ -153,10 +153,8 @@ class Processor:
         forwarded = config.redaction is not None and config.redaction.redact_forwarded
         self._forward_redaction = self.redaction if forwarded else None
         self._forward_scrub = self._forward_redaction.redactor(()).scrub() if self._forward_redaction else None
-        # A trace plainly no agent's run is decided without its steps (``plain_trajectory``),
-        # unless a redaction applies to traces no policy checks: it reads their steps.
-        no_policy_redacted = self.redaction is not None and self.redaction.redactor(()).active
-        self._names_tool = None if no_policy_redacted else ToolNames(self.policies)
+        # A trace plainly no agent's run is decided without its steps (``plain_trajectory``).
+        self._names_tool = ToolNames(self.policies)
         self._callbacks = CallbackConsumer()
         # Every decision goes to each of these, in order: counted, logged, recorded, streamed,
         # handed to callbacks, exported.
