@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -341,6 +341,12 @@ class Assembler:
     def buffered_spans(self, trace_id: str) -> list[NormalisedSpan]:
         buf = self._traces.get(trace_id)
         return buf.spans if buf is not None else []
+
+    def span_ids(self, trace_id: str) -> Container[str]:
+        """The ids of the spans taken for a trace in flight (over its span limit too), kept up to
+        date as spans arrive: the buffer's own index, not a copy."""
+        buf = self._traces.get(trace_id)
+        return buf.fingerprints if buf is not None else frozenset()
 
     @property
     def decided_remembered(self) -> tuple[int, int]:

@@ -41,7 +41,7 @@ one a fail names, its turn being over, as ``stands`` asks, is necessary too (unl
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Container, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -83,11 +83,11 @@ class _Tool:
 class EarlyState:
     """What the early invariants need to know of one trace in flight, updated span by span."""
 
-    __slots__ = ("end", "fruitless", "latest_llm", "llm_spans", "open_turns", "recheck_at", "reordered",
-                 "services", "span_ids", "spans", "start", "tokens", "tool_errors", "tool_spans", "tools",
+    __slots__ = ("arrived", "end", "fruitless", "latest_llm", "llm_spans", "open_turns", "own_ids", "recheck_at",
+                 "reordered", "services", "spans", "start", "tokens", "tool_errors", "tool_spans", "tools",
                  "watched")  # fmt: skip
 
-    def __init__(self, watched: frozenset[str]) -> None:
+    def __init__(self, watched: frozenset[str], arrived: Container[str] | None = None) -> None:
         self.watched = watched
         self.spans = self.tool_spans = self.llm_spans = self.tool_errors = self.tokens = 0
         self.start, self.end = _NEVER, -_NEVER
@@ -96,9 +96,16 @@ class EarlyState:
         self.tools: dict[str, _Tool] = {}
         # The services its spans came from (for applies_to).
         self.services: set[str] = set()
-        # For the turns of the earliest successful calls: the spans arrived, the latest start of
-        # a model call under each parent, and how many of those turns are not over yet.
-        self.span_ids: set[str] = set()
+        # For the turns of the earliest successful calls: the ids of the spans arrived, the latest
+        # start of a model call under each parent, and how many of those turns are not over yet.
+        # ``arrived``: the assembler's index of the trace's spans, when given (a set of their ids
+        # here cost about 100 bytes per buffered span), else the ids of the spans added here.
+        self.own_ids: set[str] | None = None
+        self.arrived: Container[str]
+        if arrived is None:
+            self.own_ids = self.arrived = set()
+        else:
+            self.arrived = arrived
         self.latest_llm: dict[str | None, int] = {}
         self.open_turns = 0
         # The invariants the last check on the partial trajectory found no new failure of, and
@@ -116,7 +123,8 @@ class EarlyState:
         if span.tokens is not None:
             self.tokens += span.tokens
         self.services.add(str(span.attributes.get("service.name", "")))
-        self.span_ids.add(span.span_id)
+        if self.own_ids is not None:
+            self.own_ids.add(span.span_id)
         kind = span.kind
         if self.open_turns:
             self._end_turns(span)
@@ -151,7 +159,7 @@ class EarlyState:
             self.open_turns -= 1
         parent = span.parent_span_id
         tool.first_ok, tool.first_parent, tool.first_end, tool.first_tied = span.start_ns, parent, span.end_ns, False
-        parent_arrived = parent is not None and parent in self.span_ids
+        parent_arrived = parent is not None and parent in self.arrived
         tool.turn_over = parent_arrived or self.latest_llm.get(parent, -_NEVER) >= span.end_ns
         if not tool.turn_over:
             self.open_turns += 1
@@ -347,8 +355,10 @@ class EarlyWatch:
             for name in getattr(rule.check, attr, frozenset[str]())
         )
 
-    def state(self) -> EarlyState:
-        return EarlyState(self.watched)
+    def state(self, arrived: Container[str] | None = None) -> EarlyState:
+        """Counters for a trace in flight; ``arrived``: the ids of its spans taken so far, kept
+        up to date by their owner (the assembler's), if any."""
+        return EarlyState(self.watched, arrived)
 
     def may_fail(
         self, state: EarlyState, reported: set[tuple[str, str]] | frozenset[tuple[str, str]]

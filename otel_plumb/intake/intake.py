@@ -11,7 +11,7 @@ incomplete trajectory with the reason, so checks that need what is missing say i
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Final
 
@@ -171,6 +171,9 @@ class Intake:
 
     def buffered_spans(self, trace_id: str) -> list[NormalisedSpan]:
         return self.assembler.buffered_spans(trace_id)
+
+    def span_ids(self, trace_id: str) -> Container[str]:
+        return self.assembler.span_ids(trace_id)
 
     def trajectory(
         self, finished: Finished, *, keep_marks: bool = False, names_tool: Callable[[str], bool] | None = None

@@ -157,7 +157,7 @@ class SpanTaker:
                     if state is not None:
                         state.add(normalised)
                     elif normalised.kind != "other":
-                        state = early_state[tid] = self.watch.state()
+                        state = early_state[tid] = self.watch.state(intake.span_ids(tid))
                         for buffered in intake.buffered_spans(tid):
                             state.add(buffered)
                     if normalised.kind != "other":
