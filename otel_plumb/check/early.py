@@ -41,9 +41,9 @@ one a fail names, its turn being over, as ``stands`` asks, is necessary too (unl
 
 from __future__ import annotations
 
-from collections.abc import Collection, Container, Sequence
+from collections.abc import Collection, Container, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from otel_plumb.check import checks as ck
 from otel_plumb.check.policy import CompiledInvariant, CompiledPolicy, Glob
@@ -83,9 +83,9 @@ class _Tool:
 class EarlyState:
     """What the early invariants need to know of one trace in flight, updated span by span."""
 
-    __slots__ = ("arrived", "end", "fruitless", "latest_llm", "llm_spans", "open_turns", "own_ids", "recheck_at",
-                 "reordered", "services", "spans", "start", "tokens", "tool_errors", "tool_spans", "tools",
-                 "watched")  # fmt: skip
+    __slots__ = ("arrived", "end", "fruitless", "last_attributes", "latest_llm", "llm_spans", "open_turns",
+                 "own_ids", "recheck_at", "reordered", "services", "spans", "start", "tokens", "tool_errors",
+                 "tool_spans", "tools", "watched")  # fmt: skip
 
     def __init__(self, watched: frozenset[str], arrived: Container[str] | None = None) -> None:
         self.watched = watched
@@ -94,8 +94,9 @@ class EarlyState:
         # The step order may differ from start order, or a tool call may become another kind.
         self.reordered = False
         self.tools: dict[str, _Tool] = {}
-        # The services its spans came from (for applies_to).
+        # The services its spans came from (for applies_to), and the attributes last read for one.
         self.services: set[str] = set()
+        self.last_attributes: Mapping[str, Any] | None = None
         # For the turns of the earliest successful calls: the ids of the spans arrived, the latest
         # start of a model call under each parent, and how many of those turns are not over yet.
         # ``arrived``: the assembler's index of the trace's spans, when given (a set of their ids
@@ -122,7 +123,10 @@ class EarlyState:
             self.end = span.end_ns
         if span.tokens is not None:
             self.tokens += span.tokens
-        self.services.add(str(span.attributes.get("service.name", "")))
+        attributes = span.attributes
+        if attributes is not self.last_attributes:  # spans of one resource share theirs
+            self.last_attributes = attributes
+            self.services.add(str(attributes.get("service.name", "")))
         if self.own_ids is not None:
             self.own_ids.add(span.span_id)
         kind = span.kind
@@ -365,8 +369,11 @@ class EarlyWatch:
     ) -> list[tuple[str, str]]:
         """The early invariants not yet reported for the trace that may fail on what it holds
         now, as (policy, invariant) keys: only those need checking on its partial trajectory."""
-        rules = [rule for rule in self.rules if rule.key not in reported] if reported else self.rules
-        return [rule.key for rule in rules if rule.may_fail.holds(state)]
+        out: list[tuple[str, str]] = []
+        for rule in self.rules:  # one loop: this runs for every trace a request touches
+            if (not reported or rule.key not in reported) and rule.may_fail.holds(state):
+                out.append(rule.key)
+        return out
 
     def stands(self, verdict: Verdict, partial: Trajectory, services: Collection[str]) -> bool:
         """Whether an early failure found on ``partial`` (of spans from ``services``) is certain
