@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from otel_plumb.assemble import build_trajectory
+from otel_plumb.assemble.trajectory import plain_trajectory
+from otel_plumb.check import ToolNames
 from otel_plumb.model import NormalisedSpan, SpanRecord, Trajectory
 from otel_plumb.normalise import CAPTURE_HINTS, normalise
 from otel_plumb.receive.files import ReadError, read_spans
@@ -111,6 +113,24 @@ def test_http_client_spans_are_not_an_agent_run():
     assert (t.complete, t.tool_steps, t.has_agent_spans) == (True, [], False)
     assert sorted(s.name for s in t.steps) == ["GET", "GET", "POST", "sync_orders"]
     assert {s.convention for s in t.steps} == {"unknown"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_only_the_service_that_is_no_agent_takes_the_plain_path(name):
+    """A captured service's trace is decided without its steps (``plain_trajectory``), with the
+    fields of the full build; every captured agent run is built in full."""
+    _, spans = load(name)
+    normalised = [normalise(span) for span in spans]
+    plain = plain_trajectory(normalised[0].trace_id, normalised, complete=True, incomplete_reason=None,
+                             names_tool=ToolNames([]))  # fmt: skip
+    if name not in NOT_AGENT:
+        assert plain is None
+        return
+    full = trajectory(spans)
+    assert plain is not None and plain.steps == []
+    assert (plain.service, plain.root_span_id, plain.span_count, plain.start_ns, plain.end_ns, plain.complete) == (
+        full.service, full.root_span_id, full.span_count, full.start_ns, full.end_ns, full.complete
+    )
 
 
 def test_http_client_spans_under_model_calls_leave_the_tool_steps_alone():

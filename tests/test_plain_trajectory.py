@@ -14,6 +14,7 @@ from otel_plumb.check import CompiledPolicy, ToolNames, decide, late_span_could_
 from otel_plumb.intake import Intake, Source
 from otel_plumb.model import SpanRecord
 from otel_plumb.normalise import normalise
+from otel_plumb.receive.files import read_spans
 
 POLICY = """
 policy: refunds
@@ -184,3 +185,33 @@ def test_the_assembler_hands_plain_traces_out_as_they_were_buffered():
     (finished,) = assembler.drain(10.0)
     assert finished.trajectory(ToolNames(policies())).steps == []
     assert len(finished.trajectory().steps) == 3
+
+
+HTTPX_SERVICE = Path(__file__).parent / "fixtures" / "conventions" / "httpx_service.jsonl"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_a_captured_service_trace_delivered_in_any_order_and_twice_is_decided_the_same(data: st.DataObject):
+    """At-least-once delivery of the real httpx instrumentation's spans: whatever the order and
+    however many are resent, the intake hands out the one plain trajectory a clean delivery gives."""
+    records = [r for r in read_spans(HTTPX_SERVICE) if isinstance(r, SpanRecord)]
+    names = ToolNames([])  # (the policy's tool "orders" is in the service's span name "sync_orders")
+
+    def delivered(order: list[SpanRecord], names: ToolNames) -> tuple[object, ...]:
+        intake = Intake()
+        for r in order:
+            intake.add(r, None, 0.0)
+        (finished,) = intake.drain(10.0)
+        t = intake.trajectory(finished, names_tool=names)
+        d = decide(policies(), t)
+        return (t.steps, t.service, t.root_span_id, t.span_count, t.complete, d.status, d.policies, d.is_agent_run)
+
+    clean = delivered(records, names)
+    assert clean[0] == [] and clean[5] == "unchecked"
+    # Where a span name holds a checked tool's name, the trace is built in full, decided the same.
+    full = delivered(records, ToolNames(policies()))
+    assert len(full[0]) == 4 and full[1:] == clean[1:]
+    resent = data.draw(st.lists(st.sampled_from(records), max_size=6))
+    order = data.draw(st.permutations([*records, *resent]))
+    assert delivered(order, names) == clean
