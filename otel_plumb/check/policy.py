@@ -267,6 +267,8 @@ class ToolNames:
         self._known: dict[str, bool] = {}
 
     def __call__(self, span_name: str) -> bool:
+        if not self._tools:
+            return False
         known = self._known.get(span_name)
         if known is None:
             if len(self._known) >= _SPAN_NAMES_MAX:

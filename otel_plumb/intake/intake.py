@@ -184,7 +184,7 @@ class Intake:
         steps (``Finished.trajectory``)."""
         marked = [m for tid in finished.trace_ids if (m := self._marks.get(tid)) is not None] if self._marks else []
         trajectory = finished.trajectory(None if marked else names_tool)
-        if not keep_marks:
+        if marked and not keep_marks:
             for tid in finished.trace_ids:
                 self._marks.pop(tid, None)
         for marks in marked:
