@@ -40,6 +40,7 @@ COMPILED_CORE = [
     "otel_plumb/check/regex.py",
     "otel_plumb/check/values.py",
     "otel_plumb/export/annotate.py",
+    "otel_plumb/export/counts.py",
     "otel_plumb/report/coverage.py",
     "otel_plumb/replay.py",
 ]

@@ -15,7 +15,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
-from otel_plumb.model import Trajectory, Verdict
+from otel_plumb.export.counts import DecisionCounts
 
 OVERFLOW = "__overflow__"
 _CHILD_CACHE = 10_000
@@ -180,7 +180,11 @@ class Metrics:
         self.tenant_spans_received = counter(
             "plumb_tenant_spans_received", "Spans accepted with a credential of this tenant.", ["tenant"]
         )
-        self._pending: dict[tuple[_Capped[Counter], tuple[str | None, ...]], list[Any]] = {}
+        # In the order of export.counts's series indexes.
+        self._decision_series = (
+            self.trajectories, self.invariant_checks, self.violations, self.tool_calls, self.coverage_tool_calls,
+            self.check_budget_exceeded,
+        )  # fmt: skip
         for reason in ("malformed", "export_rejected"):
             self.spans_dropped.labels(reason)
         for reason in ("max_traces", "max_wait"):
@@ -189,47 +193,16 @@ class Metrics:
             for outcome in ("stood", "cleared"):
                 self.confirm_waits.labels(kind, outcome)
 
-    def record_trajectory(
-        self,
-        trajectory: Trajectory,
-        new_failures: Sequence[Verdict],
-        verdicts: Sequence[Verdict],
-        status: str,
-        policies: Sequence[str],
-        seconds: float,
-    ) -> None:
-        """Count one decided trajectory (added to the counters by ``flush``). ``new_failures``:
-        the failed verdicts not already counted in plumb_violations_total when reported early."""
-        exemplar = {"trace_id": trajectory.trace_id} if trajectory.trace_id else None
-        agent = trajectory.agent or trajectory.service or ""
-        add = self._add
-        for policy in policies or ("",):
-            add(self.trajectories, (policy, agent, status), exemplar)
-        for v in verdicts:
-            add(self.invariant_checks, (v.policy, v.invariant, v.severity, v.verdict), None)
-        for v in new_failures:
-            add(self.violations, (v.policy, v.invariant, v.severity), exemplar)
-        for step in trajectory.tool_steps:  # picked out in compiled code: a loop here costs per step
-            step_agent = step.agent or agent
-            add(self.tool_calls, (step_agent, step.name, "ok" if step.error is None else "error"), None)
-            add(self.coverage_tool_calls, (step_agent, step.args_status), None)
-        self.decision_seconds.observe(seconds, exemplar=exemplar)
-
-    def _add(self, metric: _Capped[Counter], labels: tuple[str | None, ...], exemplar: dict[str, str] | None) -> None:
-        entry = self._pending.get((metric, labels))
-        if entry is None:
-            self._pending[(metric, labels)] = [1, exemplar]
-        else:
-            entry[0] += 1
-            if exemplar is not None:
-                entry[1] = exemplar
-
-    def flush(self) -> None:
-        """Add the counts of the trajectories recorded since the last flush: one increment per
-        series per batch instead of one per trajectory (prometheus-client takes a lock per call)."""
-        pending, self._pending = self._pending, {}
-        for (metric, labels), (count, exemplar) in pending.items():
-            metric.labels(*labels).inc(count, exemplar=exemplar)
+    def add(self, counts: DecisionCounts) -> None:
+        """Add what ``counts`` counted since the last call: one increment per series (the
+        exemplar is the last trajectory's), and each decision's latency."""
+        series, latencies = counts.take()
+        for metric, grown in zip(self._decision_series, series, strict=True):
+            for labels, count in grown.items():
+                exemplar = None if count.trace_id is None else {"trace_id": count.trace_id}
+                metric.labels(*labels).inc(count.count, exemplar=exemplar)
+        for seconds, trace_id in latencies:
+            self.decision_seconds.observe(seconds, exemplar=None if trace_id is None else {"trace_id": trace_id})
 
     def render(self, accept: str) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept)

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from otel_plumb.check import budget_exceeded
 from otel_plumb.consistency import PathAgreement
 from otel_plumb.export.annotate import Forwarded
+from otel_plumb.export.counts import DecisionCounts
 from otel_plumb.export.metrics import Metrics
 from otel_plumb.export.verdict_log import VerdictLog
 from otel_plumb.model import Decided, Verdict
@@ -73,23 +74,16 @@ class DecisionConsumer(Protocol):
 class MetricsConsumer:
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
+        self.counts = DecisionCounts(budget_exceeded)
 
     async def consume(self, decisions: Sequence[Decision]) -> None:
-        m = self.metrics
+        counts = self.counts
         for d in decisions:
-            decided = d.decided
-            if decided.decision == "early":
-                exemplar = {"trace_id": decided.trajectory.trace_id}
-                for v in decided.verdicts:
-                    m.violations.labels(v.policy, v.invariant, v.severity).inc(exemplar=exemplar)
+            if d.decided.decision == "early":
+                counts.early(d.decided)
             else:
-                m.record_trajectory(
-                    decided.trajectory, d.new_failures, decided.verdicts, decided.status, decided.policies, d.latency_s
-                )
-                for v in decided.verdicts:
-                    if budget_exceeded(v):
-                        m.check_budget_exceeded.labels(v.policy, v.invariant).inc()
-        m.flush()
+                counts.final(d.decided, d.new_failures, d.latency_s)
+        self.metrics.add(counts)
 
 
 class LogConsumer:
