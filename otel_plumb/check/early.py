@@ -41,6 +41,7 @@ one a fail names, its turn being over, as ``stands`` asks, is necessary too (unl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -50,29 +51,31 @@ from otel_plumb.check.policy import CompiledInvariant, CompiledPolicy, Glob
 from otel_plumb.model.trajectory import HANDOFF_TOOLS, TRANSFER_PREFIX, NormalisedSpan, Step, Trajectory
 from otel_plumb.model.verdict import Verdict
 
-_NEVER: Final = 1 << 64  # no such call yet: later than any start time (OTLP times are 64-bit)
-
 
 @dataclass(slots=True, init=False)
 class _Tool:
-    """One watched tool name in one trace: successful calls, attempts, the earliest start of a
-    successful call, and of that call: its parent, its end, whether another successful call
-    started at the same time, and whether its turn is over (``EarlyWatch.stands``)."""
+    """One watched tool name in one trace: successful calls, attempts, whether there is a
+    successful call (``has_first``) and the earliest start of one, and of that call: its parent,
+    its end, whether another successful call started at the same time, and whether its turn is
+    over (``EarlyWatch.stands``). (A flag, not a start time no span can have: span times are any
+    integers a sender writes, and compiled code compares 62-bit integers fastest.)"""
 
     ok: int = 0
     tried: int = 0
-    first_ok: int = _NEVER
+    has_first: bool = False
+    first_ok: int = 0
     first_parent: str | None = None
     first_end: int = 0
     first_tied: bool = False
     turn_over: bool = False
 
     def __init__(
-        self, ok: int = 0, tried: int = 0, first_ok: int = _NEVER, first_parent: str | None = None,
-        first_end: int = 0, first_tied: bool = False, turn_over: bool = False,
+        self, ok: int = 0, tried: int = 0, has_first: bool = False, first_ok: int = 0,
+        first_parent: str | None = None, first_end: int = 0, first_tied: bool = False, turn_over: bool = False,
     ) -> None:  # fmt: skip
         self.ok = ok
         self.tried = tried
+        self.has_first = has_first
         self.first_ok = first_ok
         self.first_parent = first_parent
         self.first_end = first_end
@@ -90,7 +93,8 @@ class EarlyState:
     def __init__(self, watched: frozenset[str], arrived: Container[str] | None = None) -> None:
         self.watched = watched
         self.spans = self.tool_spans = self.llm_spans = self.tool_errors = self.tokens = 0
-        self.start, self.end = _NEVER, -_NEVER
+        # The earliest start and the latest end of its spans (when it has any).
+        self.start = self.end = 0
         # The step order may differ from start order, or a tool call may become another kind.
         self.reordered = False
         self.tools: dict[str, _Tool] = {}
@@ -116,11 +120,14 @@ class EarlyState:
 
     def add(self, span: NormalisedSpan) -> None:
         """Count one span taken into the trace's buffer (each span once: duplicates are not)."""
+        if not self.spans:
+            self.start, self.end = span.start_ns, span.end_ns
+        else:
+            if span.start_ns < self.start:
+                self.start = span.start_ns
+            if span.end_ns > self.end:
+                self.end = span.end_ns
         self.spans += 1
-        if span.start_ns < self.start:
-            self.start = span.start_ns
-        if span.end_ns > self.end:
-            self.end = span.end_ns
         if span.tokens is not None:
             self.tokens += span.tokens
         attributes = span.attributes
@@ -143,14 +150,15 @@ class EarlyState:
                 tool.tried += 1
                 if span.error is None:
                     tool.ok += 1
-                    if span.start_ns < tool.first_ok:
+                    if not tool.has_first or span.start_ns < tool.first_ok:
                         self._first_call(tool, span)
                     elif span.start_ns == tool.first_ok:
                         tool.first_tied = True
         elif kind == "llm":
             self.llm_spans += 1
             parent = span.parent_span_id
-            if span.start_ns > self.latest_llm.get(parent, -_NEVER):
+            latest = self.latest_llm.get(parent)
+            if latest is None or span.start_ns > latest:
                 self.latest_llm[parent] = span.start_ns
         elif kind == "agent" and span.parent_span_id is not None:
             self.reordered = True  # it may be a tool's run: that tool call becomes another kind
@@ -159,12 +167,14 @@ class EarlyState:
 
     def _first_call(self, tool: _Tool, span: NormalisedSpan) -> None:
         """``span``, a successful call of ``tool``, started before every other one so far."""
-        if not tool.turn_over and tool.first_ok != _NEVER:
+        if not tool.turn_over and tool.has_first:
             self.open_turns -= 1
         parent = span.parent_span_id
-        tool.first_ok, tool.first_parent, tool.first_end, tool.first_tied = span.start_ns, parent, span.end_ns, False
+        tool.has_first, tool.first_ok, tool.first_parent, tool.first_end = True, span.start_ns, parent, span.end_ns
+        tool.first_tied = False
+        latest = self.latest_llm.get(parent)
         parent_arrived = parent is not None and parent in self.arrived
-        tool.turn_over = parent_arrived or self.latest_llm.get(parent, -_NEVER) >= span.end_ns
+        tool.turn_over = parent_arrived or (latest is not None and latest >= span.end_ns)
         if not tool.turn_over:
             self.open_turns += 1
 
@@ -173,18 +183,19 @@ class EarlyState:
         that ended before it started, if it is a model call (the agent asks again)."""
         llm = span.kind == "llm"
         for tool in self.tools.values():
-            if not tool.turn_over and tool.first_ok != _NEVER and (
+            if not tool.turn_over and tool.has_first and (
                 span.span_id == tool.first_parent
                 or (llm and span.parent_span_id == tool.first_parent and span.start_ns >= tool.first_end)
             ):
                 tool.turn_over = True
                 self.open_turns -= 1
 
-    def turn_over(self, tools: ck.Tools) -> bool:
-        """Whether the turn of the earliest successful call of ``tools`` may be over: it is,
-        or which call that is is not certain (another started at the same time)."""
-        earliest = self.first_ok(tools)
-        calls = [t for name in tools if (t := self.tools.get(name)) is not None and t.first_ok == earliest]
+    def turn_over(self, tools: Sequence[str], earliest: int) -> bool:
+        """Whether the turn of the earliest successful call of ``tools``, started at ``earliest``,
+        may be over: it is, or which call that is is not certain (another started at the same time)."""
+        calls = [
+            t for name in tools if (t := self.tools.get(name)) is not None and t.has_first and t.first_ok == earliest
+        ]
         return len(calls) != 1 or calls[0].first_tied or calls[0].turn_over
 
     def worth_checking(self, may_fail: Collection[tuple[str, str]]) -> bool:
@@ -202,15 +213,16 @@ class EarlyState:
         self.fruitless = frozenset(may_fail).difference(found)
         self.recheck_at = self.spans + max(1, self.spans // 4)
 
-    def ok(self, tools: ck.Tools) -> int:
+    def ok(self, tools: Sequence[str]) -> int:
         """Successful calls of ``tools``: at least those among the steps."""
         return self._calls(tools, attempts=False)
 
-    def tried(self, tools: ck.Tools) -> int:
+    def tried(self, tools: Sequence[str]) -> int:
         return self._calls(tools, attempts=True)
 
-    # Over the names a check watches (one or two), not the trace's tools.
-    def _calls(self, tools: ck.Tools, *, attempts: bool) -> int:
+    # Over the names a check watches (one or two, in a tuple: compiled code indexes it), not the
+    # trace's tools.
+    def _calls(self, tools: Sequence[str], *, attempts: bool) -> int:
         n = 0
         for name in tools:
             t = self.tools.get(name)
@@ -218,14 +230,15 @@ class EarlyState:
                 n += t.tried if attempts else t.ok
         return n
 
-    def first_ok(self, tools: ck.Tools) -> int:
-        first = _NEVER
+    def first_ok(self, tools: Sequence[str]) -> tuple[bool, int]:
+        """Whether ``tools`` have a successful call, and the earliest start of one."""
+        found, first = False, 0
         for name in tools:
             t = self.tools.get(name)
             # Comparisons, not min(): this runs for every precedes invariant on every request.
-            if t is not None and t.first_ok < first:
-                first = t.first_ok
-        return first
+            if t is not None and t.has_first and (not found or t.first_ok < first):
+                found, first = True, t.first_ok
+        return found, first
 
 
 class Condition:
@@ -255,7 +268,7 @@ class _CallsOver(Condition):
     __slots__ = ("attempts", "high", "tools")
 
     def __init__(self, tools: ck.Tools, high: int, attempts: bool) -> None:
-        self.tools = tools
+        self.tools = tuple(sorted(tools))
         self.high = high
         self.attempts = attempts
 
@@ -269,51 +282,52 @@ class _Precedes(Condition):
     __slots__ = ("anywhere", "by_turn", "first", "then")
 
     def __init__(self, first: ck.Tools, then: ck.Tools, scoped: bool) -> None:
-        self.first = first
-        self.then = then
+        self.first = tuple(sorted(first))
+        self.then = tuple(sorted(then))
         # A scope cuts the ``first`` calls before its opening off; reordering may move them.
         self.anywhere = scoped or _handoff_named(first)
         # A handoff call is no tool step: the earliest ``then`` call may not be the one a fail names.
         self.by_turn = not _handoff_named(then)
 
     def holds(self, s: EarlyState) -> bool:
-        at = s.first_ok(self.then)
-        if at == _NEVER:
+        found, at = s.first_ok(self.then)
+        if not found:
             return False
         if self.anywhere or s.reordered:
             return True
         # In start order, the failing call is the earliest successful ``then`` call: its
         # failure stands once its turn is over.
-        return at <= s.first_ok(self.first) and (not self.by_turn or s.turn_over(self.then))
+        first_found, first_at = s.first_ok(self.first)
+        return (not first_found or at <= first_at) and (not self.by_turn or s.turn_over(self.then, at))
 
 
 class _Budget(Condition):
-    """A budget crossed by the counts so far (a limit this does not know: always)."""
+    """A budget crossed by the counts so far (a limit this does not know: always). The limits
+    are read into fields once (no limit: infinity), as this runs on every request."""
 
-    __slots__ = ("limits",)
+    __slots__ = ("max_duration_ms", "max_llm_calls", "max_steps", "max_tokens", "max_tool_calls", "max_tool_errors",
+                 "unknown")  # fmt: skip
 
-    def __init__(self, limits: dict[str, float]) -> None:
-        self.limits = list(limits.items())
+    def __init__(self, limits: Mapping[str, float]) -> None:
+        self.max_steps = float(limits.get("max_steps", math.inf))
+        self.max_tool_calls = float(limits.get("max_tool_calls", math.inf))
+        self.max_llm_calls = float(limits.get("max_llm_calls", math.inf))
+        self.max_tool_errors = float(limits.get("max_tool_errors", math.inf))
+        self.max_tokens = float(limits.get("max_tokens", math.inf))
+        self.max_duration_ms = float(limits.get("max_duration_ms", math.inf))
+        self.unknown = not _BUDGET_LIMITS.issuperset(limits)
 
     def holds(self, s: EarlyState) -> bool:
-        for name, limit in self.limits:
-            if name == "max_steps":
-                over = s.spans > limit
-            elif name == "max_tool_calls":
-                over = s.tool_spans > limit
-            elif name == "max_llm_calls":
-                over = s.llm_spans > limit
-            elif name == "max_tool_errors":
-                over = s.tool_errors > limit
-            elif name == "max_tokens":
-                over = s.tokens > limit
-            elif name == "max_duration_ms":
-                over = s.spans > 0 and (s.end - s.start) / 1e6 > limit
-            else:
-                return True
-            if over:
-                return True
-        return False
+        return (
+            self.unknown or s.spans > self.max_steps or s.tool_spans > self.max_tool_calls
+            or s.llm_spans > self.max_llm_calls or s.tool_errors > self.max_tool_errors or s.tokens > self.max_tokens
+            or (s.spans > 0 and (s.end - s.start) / 1e6 > self.max_duration_ms)
+        )  # fmt: skip
+
+
+_BUDGET_LIMITS: Final = frozenset(
+    {"max_steps", "max_tool_calls", "max_llm_calls", "max_tool_errors", "max_tokens", "max_duration_ms"}
+)
 
 
 class _Scoped(Condition):
