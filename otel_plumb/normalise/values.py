@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import json
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -70,21 +69,35 @@ def _may_have_lost_digits(value: dict[str, Any] | list[Any], text: str) -> bool:
     the same). Such an integer has 19 digits at least."""
     if len(text) < 19:
         return False
-    containers: list[dict[str, Any] | list[Any]] = [value]
+    containers: list[Any] = [value]
     budget = len(text) // _BYTES_PER_VALUE
     while containers:
         c = containers.pop()
-        items: Collection[Any] = c.values() if type(c) is dict else c
-        budget -= len(items)
+        budget -= len(c)
         if budget < 0:
             return _long_digit_run(text.encode())
-        for v in items:
-            t = type(v)
-            if t is float:
-                if not -_LOSSY < v < _LOSSY:
+        # A loop per container type: compiled, each walks its own kind natively.
+        if type(c) is dict:
+            d: dict[str, Any] = c
+            for v in d.values():
+                if _lossy_or_container(v, containers):
                     return True
-            elif t is dict or t is list:
-                containers.append(v)
+        else:
+            items: list[Any] = c
+            for v in items:
+                if _lossy_or_container(v, containers):
+                    return True
+    return False
+
+
+def _lossy_or_container(v: Any, containers: list[Any]) -> bool:
+    """Whether ``v`` is a float beyond 64-bit integers; a dict or list is kept to walk."""
+    t = type(v)
+    if t is float:
+        f: float = v
+        return not -_LOSSY < f < _LOSSY
+    if t is dict or t is list:
+        containers.append(v)
     return False
 
 
