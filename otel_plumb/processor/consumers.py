@@ -90,6 +90,8 @@ class LogConsumer:
     """A log line per violation (info) and per other verdict (debug), naming the task key."""
 
     async def consume(self, decisions: Sequence[Decision]) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return  # the usual level (warning): nothing to build the lines for
         for d in decisions:
             decided = d.emitted
             t = decided.trajectory
