@@ -286,3 +286,20 @@ def test_journal_progress_counts_requests_releases_the_finished_and_pairs_the_re
     # Spans forwarded unchecked (not every span of their traces) mark no trace done.
     partial = JournalProgress(payloads, {7: 5, 8: 3}, whole_traces=False)
     assert partial.taken == {7: 2, 8: 2} and partial.released == [] and partial.done == []
+
+
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from([0, 7, 8, 9])), max_size=30),
+       st.dictionaries(st.sampled_from([7, 8, 9]), st.integers(0, 12)), st.booleans())  # fmt: skip
+def test_journal_progress_of_any_order_of_spans_counts_each_span_and_trace_once(spans, pending, whole_traces):
+    """Counted per run of spans, the progress is what counting span by span gives, in whatever
+    order the spans of requests and traces interleave."""
+    origin = Origin((b"", ""), (b"", ""))
+    payloads = [Forwarded(b"", origin, SpanRecord(t * 32, "01" * 8, None, "s"), j) for t, j in spans]
+    progress = JournalProgress(payloads, pending, whole_traces)
+    taken = {j: sum(1 for _, k in spans if k == j) for j in dict.fromkeys(j for _, j in spans if j)}
+    assert progress.taken == taken
+    assert sorted(progress.released) == sorted(j for j, n in taken.items() if pending.get(j, 0) <= n)
+    traces = {j: {t for t, k in spans if k == j} for j in taken if j not in progress.released}
+    done = {j: {ids[i : i + 16] for i in range(0, len(ids), 16)} for j, ids in progress.done}
+    assert done == ({j: {bytes.fromhex(t * 32) for t in ts} for j, ts in traces.items()} if whole_traces else {})
+    assert all(len(ids) == 16 * len(traces[j]) for j, ids in progress.done)

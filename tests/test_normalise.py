@@ -349,3 +349,32 @@ def test_only_results_given_back_since_the_last_model_turn_are_kept():
             flat[f"llm.input_messages.{i}.message.tool_call_id"] = m["tool_call_id"]
             flat[f"llm.input_messages.{i}.message.content"] = m["content"]
     assert normalise(span(flat)).tool_results == {"c2": {"n": 2}}
+
+
+_attribute_keys = st.sampled_from(
+    ["http.method", "url.full", "service.name", "plumb.case.id", "db.statement", "gen_ai.tool.name", "invoice.id"]
+)
+_attribute_values = st.one_of(
+    st.text(max_size=3), st.text(min_size=257, max_size=260), st.integers(), st.booleans(), st.lists(st.integers())
+)
+
+
+@given(st.dictionaries(_attribute_keys, _attribute_values), st.dictionaries(_attribute_keys, _attribute_values))
+def test_kept_attributes_are_the_resources_short_ones_then_the_spans(attributes, resource):
+    """Whatever mix of short and long values, of convention keys or none: a span keeps its
+    resource's short scalars, then its own short scalars and plumb.* values over them, outside
+    the conventions' namespaces."""
+
+    def kept(values, own):
+        return {
+            k: v for k, v in values.items()
+            if k.startswith("plumb.") or (
+                (not own or not k.startswith("gen_ai."))
+                and (type(v) in (int, bool) or (type(v) is str and len(v) <= 256))
+            )
+        }  # fmt: skip
+
+    n = normalise(span(attributes, name="GET /health", resource=resource))
+    expected = {**kept(resource, own=False), **kept(attributes, own=True)}
+    assert n.attributes == expected
+    assert list(n.attributes) == list(expected)

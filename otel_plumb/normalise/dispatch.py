@@ -94,13 +94,11 @@ def _unrecognised_keys(keys: tuple[str, ...]) -> bool:
 
 
 # Spans of one instrumentation repeat the same scope and attribute keys: what dispatch and the
-# shared fields need from those keys is worked out once per (scope, keys) and reused. Bounded,
-# so odd key spaces (flattened message lists) cannot grow it forever.
-_shapes: Final[dict[tuple[str, tuple[str, ...]], tuple[Reader | None, Shape, bool, bool]]] = {}
+# shared fields need from those keys, and the framework the scope names, are worked out once per
+# (scope, keys) and reused. Bounded, so odd key spaces (flattened message lists) cannot grow it
+# forever.
+_shapes: Final[dict[tuple[str, tuple[str, ...]], tuple[Reader | None, Shape, bool, bool, str | None]]] = {}
 _SHAPES_MAX: Final = 10_000
-
-
-_frameworks: Final[dict[str, str | None]] = {}
 
 
 def normalise(span: SpanRecord) -> NormalisedSpan:
@@ -110,11 +108,12 @@ def normalise(span: SpanRecord) -> NormalisedSpan:
     if cached is None:
         if len(_shapes) >= _SHAPES_MAX:
             _shapes.clear()
-        keys = cache_key[1]
+        scope, keys = cache_key
         cached = _shapes[cache_key] = (
-            _scope_or_marker_reader(*cache_key), Shape(keys), _unrecognised_keys(keys), _infrastructure(keys)
+            _scope_or_marker_reader(scope, keys), Shape(keys), _unrecognised_keys(keys), _infrastructure(keys),
+            framework_of(scope),
         )  # fmt: skip
-    reader, shape, agentic_keys, infrastructure = cached
+    reader, shape, agentic_keys, infrastructure, framework = cached
     out = base(span, shape)
     if reader is None:
         reader = BY_SPAN_NAME.get(span.name)
@@ -125,11 +124,5 @@ def normalise(span: SpanRecord) -> NormalisedSpan:
         namespaces = sorted({k.split(".", 1)[0] for k in span.attributes}) or ["none"]
         out.problems += (f"unrecognised span {span.name!r}: attribute namespaces {', '.join(namespaces[:10])}",)
     finish(span, out, shape)
-    scope = span.scope_name
-    framework = _frameworks.get(scope, "")
-    if framework == "":
-        if len(_frameworks) >= _SHAPES_MAX:
-            _frameworks.clear()
-        framework = _frameworks[scope] = framework_of(scope)
     out.framework = framework
     return out

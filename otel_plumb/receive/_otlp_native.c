@@ -257,35 +257,58 @@ static int append_bytes(Dec *d, PyObject **slot, ptr a, ptr b) {
  * code, status message, attribute keys, event count), the same tuple hashed the same way. */
 #define FINGERPRINT_MASK ((1ULL << 60) - 1)
 
-/* tuple(d) for a dict the decoder made: one pass over its entries (PySequence_Tuple goes
- * through the iterator protocol, a call per key). */
-static PyObject *keys_tuple(PyObject *dict) {
-    PyObject *keys = PyTuple_New(PyDict_GET_SIZE(dict));
-    if (keys == NULL) return NULL;
-    Py_ssize_t pos = 0, i = 0;
-    PyObject *key, *value;
-    while (PyDict_Next(dict, &pos, &key, &value)) {
-        Py_INCREF(key);
-        PyTuple_SET_ITEM(keys, i++, key);
-    }
-    return keys;
+/* hash() of a tuple, from the hashes of its items: CPython's tuple hash (xxHash's mixing, the
+ * same since Python 3.8), so the hash of a tuple of tuples can be worked out without building
+ * them. 32-bit builds mix with other primes: there the extension is not built (setup.py then
+ * installs the pure-Python decoder). */
+#if SIZEOF_PY_UHASH_T != 8
+#error "the fingerprint needs a 64-bit Py_uhash_t"
+#endif
+#define XXPRIME_1 ((Py_uhash_t)11400714785074694791ULL)
+#define XXPRIME_2 ((Py_uhash_t)14029467366897019727ULL)
+#define XXPRIME_5 ((Py_uhash_t)2870177450012600261ULL)
+
+static inline Py_uhash_t tuple_hash_add(Py_uhash_t acc, Py_uhash_t lane) {
+    acc += lane * XXPRIME_2;
+    acc = (acc << 31) | (acc >> 33);
+    return acc * XXPRIME_1;
 }
 
+static inline Py_hash_t tuple_hash_end(Py_uhash_t acc, Py_ssize_t len) {
+    acc += (Py_uhash_t)len ^ (XXPRIME_5 ^ 3527539UL);
+    return acc == (Py_uhash_t)-1 ? 1546275796 : (Py_hash_t)acc;
+}
+
+/* hash(tuple(d)) for a dict the decoder made (keys are str: their hashes are cached). */
+static Py_hash_t keys_hash(PyObject *dict) {
+    Py_uhash_t acc = XXPRIME_5;
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(dict, &pos, &key, &value)) {
+        Py_hash_t h = PyObject_Hash(key);
+        if (h == -1) return -1;
+        acc = tuple_hash_add(acc, (Py_uhash_t)h);
+    }
+    return tuple_hash_end(acc, PyDict_GET_SIZE(dict));
+}
+
+/* The hash of (name, start, end, status code, status message, tuple(attributes), len(events)),
+ * without building the tuples. */
 static PyObject *record_fingerprint(PyObject *const *v) {
-    PyObject *keys = keys_tuple(v[S_ATTRIBUTES]);
-    PyObject *events = PyLong_FromSsize_t(PyList_GET_SIZE(v[S_EVENTS]));
-    PyObject *fields = NULL, *out = NULL;
-    if (keys != NULL && events != NULL) {
-        fields = PyTuple_Pack(7, v[S_NAME], v[S_START], v[S_END], v[S_STATUS_CODE], v[S_STATUS_MESSAGE], keys, events);
+    PyObject *const items[] = {v[S_NAME], v[S_START], v[S_END], v[S_STATUS_CODE], v[S_STATUS_MESSAGE]};
+    Py_uhash_t acc = XXPRIME_5;
+    for (size_t i = 0; i < sizeof items / sizeof items[0]; i++) {
+        Py_hash_t h = PyObject_Hash(items[i]);
+        if (h == -1) return NULL;
+        acc = tuple_hash_add(acc, (Py_uhash_t)h);
     }
-    if (fields != NULL) {
-        Py_hash_t hash = PyObject_Hash(fields);
-        if (hash != -1 || !PyErr_Occurred()) out = PyLong_FromUnsignedLongLong((unsigned long long)hash & FINGERPRINT_MASK);
-    }
-    Py_XDECREF(keys);
-    Py_XDECREF(events);
-    Py_XDECREF(fields);
-    return out;
+    Py_hash_t keys = keys_hash(v[S_ATTRIBUTES]);
+    if (keys == -1) return NULL;
+    acc = tuple_hash_add(acc, (Py_uhash_t)keys);
+    /* hash() of a small non-negative int is the int */
+    acc = tuple_hash_add(acc, (Py_uhash_t)PyList_GET_SIZE(v[S_EVENTS]));
+    Py_hash_t hash = tuple_hash_end(acc, 7);
+    return PyLong_FromUnsignedLongLong((unsigned long long)hash & FINGERPRINT_MASK);
 }
 
 /* (span bytes, trace id bytes, origin index, fingerprint) of the span just recorded. */
