@@ -93,7 +93,7 @@ class Shape:
     """What the shared fields need from a span's attribute keys, worked out once per key set:
     the session and token keys present, and how each kept attribute is kept."""
 
-    __slots__ = ("finish_keys", "keeps_all", "kept", "session_keys", "token_pairs", "total_keys")
+    __slots__ = ("finish_keys", "kept", "session_keys", "token_pairs", "total_keys")
 
     def __init__(self, keys: tuple[str, ...]) -> None:
         present = set(keys)
@@ -104,8 +104,6 @@ class Shape:
             k for k in keys if k in _FINISH_KEYS or (k.startswith(_FLAT_FINISH[0]) and k.endswith(_FLAT_FINISH[1]))
         )
         self.kept = tuple((k, rule) for k in keys if (rule := _rule(k, resource=False)) != _DROP)
-        # No key of a convention's: spans no convention reads (HTTP, database, application spans).
-        self.keeps_all = len(self.kept) == len(keys)
 
 
 def base(span: SpanRecord, shape: Shape) -> NormalisedSpan:
@@ -254,20 +252,8 @@ def short_attributes(span: SpanRecord, shape: Shape) -> dict[str, Any]:
         kept = {}
         _keep_into(kept, resource, [(k, _rule(k, resource=True)) for k in resource])
         _resource_cache.last = (resource, kept)
-    attrs = span.attributes
-    if shape.keeps_all and attrs:
-        # Every key kept: merged in one pass, then the few long values taken out again (a
-        # key-by-key copy costs half as much again per attribute).
-        out = kept.copy()
-        out.update(attrs)
-        for k, v in attrs.items():
-            if not _short(v) and not k.startswith(RESERVED_PREFIX):
-                if k in kept:
-                    out[k] = kept[k]
-                else:
-                    del out[k]
-        return out
     out = kept
+    attrs = span.attributes
     for k, rule in shape.kept:  # no _DROP rule: Shape leaves those out
         v = attrs[k]
         if rule == _IF_SHORT and not _short(v):
