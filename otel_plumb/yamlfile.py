@@ -65,7 +65,7 @@ class Document:
         best = self.lines.get(())
         prefix: Path = ()
         for seg in loc:
-            if not isinstance(seg, str | int):
+            if not isinstance(seg, (str, int)):
                 continue
             candidate = (*prefix, seg)
             if candidate in self.lines:
@@ -146,7 +146,7 @@ def expand_env(value: str, path: str, line: int | None) -> str:
 
 def plain_value(value: Any) -> Any:
     """Values as JSON would have them: dates and times become ISO 8601 text."""
-    if isinstance(value, datetime.date | datetime.datetime):
+    if isinstance(value, (datetime.date, datetime.datetime)):
         return value.isoformat()
     if isinstance(value, dict):
         return {k: plain_value(v) for k, v in value.items()}
@@ -209,7 +209,7 @@ class _Builder:
             out: dict[Any, Any] = {}
             for key_node, value_node in self.pairs(node, 0):
                 key = self.key(key_node)
-                seg = key if isinstance(key, str | int) else str(key)
+                seg = key if isinstance(key, (str, int)) else str(key)
                 lines[(*at, seg)] = key_node.start_mark.line + 1
                 out[key] = self.build(value_node, (*at, seg), lines, depth + 1)
             return out
@@ -237,7 +237,7 @@ class _Builder:
         if not isinstance(node, yaml.ScalarNode):
             raise self.error(node, "a key must be a plain value")
         key = self.scalar(node)
-        if not isinstance(key, str | int | float | bool) and key is not None:
+        if not isinstance(key, (str, int, float, bool)) and key is not None:
             raise self.error(node, "a key must be a plain value")
         return key
 

@@ -7,6 +7,7 @@ both, since the modules import each other by name."""
 
 from __future__ import annotations
 
+import ast
 import os
 import pickle
 import subprocess
@@ -117,3 +118,20 @@ def test_generated_hostile_spans_give_the_same_in_both(cores: tuple[Worker, Work
         assert compiled.run(spans) == pure.run(spans)
 
     run()
+
+
+def test_type_checks_take_a_tuple_of_types_not_a_union() -> None:
+    """Compiled, ``isinstance(x, (A, B))`` is a C type check per type, while ``isinstance(x, A | B)``
+    builds the union and goes through its ``__instancecheck__`` on every call (about 500
+    instructions, on paths that run per step of every trajectory): the package keeps to tuples."""
+    package = Path(otel_plumb.__file__).parent
+    unions = [
+        f"{path.relative_to(package.parent)}:{node.lineno}"
+        for path in sorted(package.rglob("*.py"))
+        if "proto_gen" not in path.parts
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        and node.func.id in ("isinstance", "issubclass") and len(node.args) == 2
+        and isinstance(node.args[1], ast.BinOp) and isinstance(node.args[1].op, ast.BitOr)
+    ]  # fmt: skip
+    assert unions == []

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from otel_plumb.assemble import build_trajectory
 from otel_plumb.model import SpanEvent, SpanRecord
 from otel_plumb.model.span import STATUS_ERROR
-from otel_plumb.normalise import CAPTURE_HINTS, normalise
+from otel_plumb.normalise import CAPTURE_HINTS, messages, normalise
 from otel_plumb.normalise.dispatch import BY_SCOPE, BY_SPAN_NAME, MARKERS
 
 
@@ -350,6 +351,13 @@ def test_only_results_given_back_since_the_last_model_turn_are_kept():
             flat[f"llm.input_messages.{i}.message.content"] = m["content"]
     assert normalise(span(flat)).tool_results == {"c2": {"n": 2}}
 
+
+
+@pytest.mark.parametrize("wrapper", messages._RESULT_WRAPPERS)
+def test_a_result_in_each_wrapper_is_found(wrapper):
+    given_back = [{"role": "user", "parts": [{wrapper: {"id": "c1", "name": "lookup", "response": {"n": 1}}}]}]
+    attributes = {"gen_ai.operation.name": "chat", "gen_ai.input.messages": json.dumps(given_back)}
+    assert normalise(span(attributes)).tool_results == {"c1": {"n": 1}}
 
 _attribute_keys = st.sampled_from(
     ["http.method", "url.full", "service.name", "plumb.case.id", "db.statement", "gen_ai.tool.name", "invoice.id"]

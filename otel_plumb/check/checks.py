@@ -396,7 +396,7 @@ class ArgMatches(ArgumentCheck):
             return self.missing(run, step, expected)
         if isinstance(value, str):
             text = value
-        elif isinstance(value, int | float) and not isinstance(value, bool):
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
             text = str(value)
         else:
             return Outcome("fail", step, f"{self.arg} at {run.where(step)} is not text", expected, value)

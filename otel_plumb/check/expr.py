@@ -257,7 +257,7 @@ def measure(value: Any, limit: int = 1_000_000) -> tuple[int, int]:
                     seen += 1
                 else:
                     todo.append(x)
-        elif t is list or t is tuple or isinstance(v, list | tuple):
+        elif t is list or t is tuple or isinstance(v, (list, tuple)):
             if len(v) > largest:
                 largest = len(v)
             todo.extend(v)
@@ -279,7 +279,7 @@ class CostBudget:
 
     def measure(self, value: Any) -> tuple[int, int]:
         """``measure(value)``, once per list or map (the step maps are the same list every call)."""
-        if not isinstance(value, dict | list):
+        if not isinstance(value, (dict, list)):
             return 1, 0
         known = self._measured.get(id(value))
         if known is not None and known[0] is value:

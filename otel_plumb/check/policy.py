@@ -483,7 +483,7 @@ def doc_keys(doc: LocatedYaml, loc: Sequence[object]) -> set[str]:
     out: set[str] = set()
     prefix: tuple[str | int, ...] = ()
     for seg in loc:
-        if isinstance(seg, str | int) and (*prefix, seg) in doc.lines:
+        if isinstance(seg, (str, int)) and (*prefix, seg) in doc.lines:
             prefix = (*prefix, seg)
             if isinstance(seg, str):
                 out.add(seg)

@@ -61,7 +61,7 @@ def lookup(value: Any, path: tuple[PathSegment, ...]) -> Any:
     some conventions record structured results as JSON text."""
     cur = value
     for seg in path:
-        if isinstance(cur, str | bytes):
+        if isinstance(cur, (str, bytes)):
             try:
                 cur = parse_json(cur)  # what a verdict quotes must be valid text
             except (ValueError, RecursionError):
@@ -73,7 +73,7 @@ def lookup(value: Any, path: tuple[PathSegment, ...]) -> Any:
                 cur = cur[str(seg)]
             else:
                 return MISSING
-        elif isinstance(cur, list | tuple) and isinstance(seg, int):
+        elif isinstance(cur, (list, tuple)) and isinstance(seg, int):
             if -len(cur) <= seg < len(cur):
                 cur = cur[seg]
             else:
@@ -128,7 +128,7 @@ def equal(a: Any, b: Any, mode: CompareMode = "normalised", tolerance: Decimal =
         return a == b if exact else normalise_text(a) == normalise_text(b)
     if isinstance(a, bool) or isinstance(b, bool):
         return _as_bool(a, exact) is not None and _as_bool(a, exact) == _as_bool(b, exact)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         if mode == "set":
             return {canonical(x, "normalised") for x in a} == {canonical(x, "normalised") for x in b}
         return len(a) == len(b) and all(equal(x, y, mode, tolerance) for x, y in zip(a, b, strict=True))
@@ -162,7 +162,7 @@ def canonical(value: Any, mode: CompareMode) -> Hashable:
         return ("b", b)
     if isinstance(value, str):
         return ("s", value if exact else normalise_text(value))
-    if isinstance(value, list | tuple):
+    if isinstance(value, (list, tuple)):
         return ("l", tuple(canonical(x, mode) for x in value))
     if isinstance(value, dict):
         return ("d", frozenset((str(k), canonical(v, mode)) for k, v in value.items()))

@@ -106,7 +106,7 @@ def write_json(path: str, data: dict[str, Any]) -> None:
 def _json_default(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.hex()
-    if isinstance(value, set | frozenset | tuple):
+    if isinstance(value, (set, frozenset, tuple)):
         return list(value)
     return str(value)
 

@@ -51,7 +51,7 @@ def _check_labels(labels: tuple[str, ...]) -> tuple[str, ...]:
 
 def _numbers_to_str(value: Any) -> Any:
     # Score levels are often written as bare numbers (1..5) in YAML.
-    if isinstance(value, list | tuple):
+    if isinstance(value, (list, tuple)):
         return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
     return value
 

@@ -160,7 +160,7 @@ def validate_probabilities(
     ordered: dict[str, float] = {}
     for label in labels:
         value = raw[label]
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InvalidResponse(f"probability for {label!r} is not a number: {value!r}")
         number = float(value)
         if not math.isfinite(number):

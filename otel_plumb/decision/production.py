@@ -313,7 +313,7 @@ def _segment_value(record: ProductionRecord, key: str) -> Any:
     value = record.metadata.get(key)
     if isinstance(value, float) and not math.isfinite(value):
         raise DatasetError(f"record {record.id!r}: metadata.{key} must be finite")
-    if value is None or isinstance(value, str | int | float | bool):
+    if value is None or isinstance(value, (str, int, float, bool)):
         return value
     raise DatasetError(
         f"record {record.id!r}: metadata.{key} must be a string, number, boolean or null when used as a segment"

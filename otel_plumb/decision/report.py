@@ -653,7 +653,7 @@ def _outcome(value: Any, spec: DecisionSpec, tolerance: float, where: str) -> Ou
 
 
 def _input(value: Any, where: str) -> DecisionInput:
-    if not isinstance(value, str | dict):
+    if not isinstance(value, (str, dict)):
         raise ValueError(f"{where}.input: must be a string or an object")
     return value
 
@@ -689,7 +689,8 @@ def _first_difference(stored: Any, rebuilt: Any, path: str = "") -> str | None:
                 return found
         return None
     if stored != rebuilt or (
-        type(stored) is not type(rebuilt) and not (isinstance(stored, int | float) and isinstance(rebuilt, int | float))
+        type(stored) is not type(rebuilt)
+        and not (isinstance(stored, (int, float)) and isinstance(rebuilt, (int, float)))
     ):
         return f"{path.lstrip('.')} does not match what the stored results give"
     return None

@@ -376,7 +376,7 @@ class MonotonicTransform(Transform):
     def _value(self, original: DecisionInput) -> float:
         name = self.config.field
         value = original.get(name) if isinstance(original, dict) else None
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise NotApplicable(f"input field {name!r} is missing or not a number")
         if not math.isfinite(value):
             raise NotApplicable(f"input field {name!r} is not finite")

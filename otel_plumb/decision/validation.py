@@ -117,6 +117,6 @@ def redact(value: Any) -> Any:
             k: "[REDACTED]" if isinstance(k, str) and k.lower().replace("-", "_") in SENSITIVE_KEYS else redact(v)
             for k, v in value.items()
         }
-    if isinstance(value, list | tuple):
+    if isinstance(value, (list, tuple)):
         return [redact(v) for v in value]
     return value

@@ -74,7 +74,7 @@ def within_limits(value: Any, max_depth: int, max_int: int) -> Any:
     ``max_depth`` levels each value as its JSON text. Lists and objects are copies."""
     if isinstance(value, str):
         return valid_text(value)
-    if isinstance(value, bool) or not isinstance(value, int | dict | list | tuple):
+    if isinstance(value, bool) or not isinstance(value, (int, dict, list, tuple)):
         return value
     if isinstance(value, int):
         return value if -max_int <= value <= max_int else str(value)

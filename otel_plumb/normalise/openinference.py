@@ -161,7 +161,7 @@ def _check_against_schema(out: NormalisedSpan, names: frozenset[str] | None) -> 
     if not names:
         return
     if not isinstance(args, dict):
-        if len(names) == 1 and isinstance(args, str | int | float | bool):
+        if len(names) == 1 and isinstance(args, (str, int, float, bool)):
             # A single-argument tool given its value alone (LangChain's single-string input).
             (name,) = names
             out.args = {name: args}

@@ -187,7 +187,7 @@ def _int(value: Any, what: str) -> int:
 
 
 def _double(value: Any, what: str) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if isinstance(value, str):
         word = _DOUBLE_WORDS.get(value)

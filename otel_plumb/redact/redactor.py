@@ -235,7 +235,7 @@ class Scrub:
             return TOO_DEEP
         if isinstance(value, dict):
             return {k: self.value(v, depth + 1) for k, v in value.items()}
-        if isinstance(value, list | tuple):
+        if isinstance(value, (list, tuple)):
             return [self.value(v, depth + 1) for v in value]
         if value is not None and not isinstance(value, bool) and self._exact:
             try:

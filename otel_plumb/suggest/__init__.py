@@ -185,7 +185,7 @@ class Miner:
         if o.group_by == "attribute":
             assert o.attribute is not None
             value = t.attributes.get(o.attribute)
-            return value if isinstance(value, str | int | float | bool) else None
+            return value if isinstance(value, (str, int, float, bool)) else None
         return ""
 
     def add(self, t: Trajectory) -> None:

@@ -153,7 +153,7 @@ def leaves(value: Any, limits: Limits) -> list[tuple[str, Any]]:
             if depth < limits.max_depth and path:
                 for i, x in enumerate(v[:4]):
                     walk(x, f"{path}[{i}]", depth + 1)
-        elif path and (isinstance(v, str | int | float) and not isinstance(v, bool)):
+        elif path and (isinstance(v, (str, int, float)) and not isinstance(v, bool)):
             out.append((path, v))
 
     walk(value, "", 0)
@@ -161,7 +161,7 @@ def leaves(value: Any, limits: Limits) -> list[tuple[str, Any]]:
 
 
 def is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +281,7 @@ MAX_BRANCH_TEXT = 64
 def branch_value(v: Any) -> Any:
     """``v`` if it can be a branch's value (text, an integer, a boolean: what a tool answers to
     steer what comes next, not a measurement), else MISSING."""
-    if isinstance(v, bool | int) or (isinstance(v, str) and len(v) <= MAX_BRANCH_TEXT):
+    if isinstance(v, (bool, int)) or (isinstance(v, str) and len(v) <= MAX_BRANCH_TEXT):
         return v
     return MISSING
 
@@ -783,7 +783,7 @@ class Memo:
         self.size = size
 
     def key(self, value: Any) -> Hashable:
-        if not isinstance(value, str | int | float):
+        if not isinstance(value, (str, int, float)):
             return canonical(value, "normalised")
         # The type is part of the key: 1, 1.0 and True are equal dict keys.
         k = (value.__class__, value)

@@ -29,7 +29,7 @@ def invariant(c: Candidate, group: Group) -> dict[str, Any]:
 def _scalar(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int | float):
+    if isinstance(value, (int, float)):
         return repr(value)
     text = str(value)
     if _PLAIN.match(text) and text.lower() not in _YAML_WORDS:
@@ -43,7 +43,7 @@ def flow(value: Any) -> str:
     """``value`` as a YAML flow collection."""
     if isinstance(value, dict):
         return "{" + ", ".join(f"{_scalar(k)}: {flow(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list | tuple):
+    if isinstance(value, (list, tuple)):
         return "[" + ", ".join(flow(v) for v in value) + "]"
     return _scalar(value)
 

@@ -86,14 +86,14 @@ def _set_json(target: struct_pb2.Value, value: Any) -> None:
         target.null_value = struct_pb2.NULL_VALUE
     elif isinstance(value, bool):
         target.bool_value = value
-    elif isinstance(value, int | float):
+    elif isinstance(value, (int, float)):
         target.number_value = value
     elif isinstance(value, str):
         target.string_value = value
     elif isinstance(value, dict):
         target.struct_value.SetInParent()  # {} is a value too
         target.struct_value.update(value)
-    elif isinstance(value, list | tuple):
+    elif isinstance(value, (list, tuple)):
         target.list_value.SetInParent()
         target.list_value.extend(value)
     else:

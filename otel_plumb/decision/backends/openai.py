@@ -134,7 +134,7 @@ class OpenAIBackend(Backend):
             if not isinstance(item, dict) or not isinstance(item.get("token"), str):
                 raise InvalidResponse(f"backend {self.name!r} returned a malformed top_logprobs entry")
             logprob = item.get("logprob")
-            if isinstance(logprob, bool) or not isinstance(logprob, int | float) or math.isnan(logprob) or logprob > 0:
+            if isinstance(logprob, bool) or not isinstance(logprob, (int, float)) or math.isnan(logprob) or logprob > 0:
                 raise InvalidResponse(f"backend {self.name!r} returned logprob {logprob!r}")
             label = self._label_of(item["token"], labels)
             if label is not None:

@@ -31,7 +31,7 @@ class SystemOneSettings(HttpSettings):
 
 
 def _number(value: Any) -> TypeGuard[int | float]:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class SystemOneBackend(HttpBackend):
