@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -243,8 +243,7 @@ def measure(value: Any, limit: int = 1_000_000) -> tuple[int, int]:
             return limit, max(largest, limit)
         v = todo.pop()
         seen += 1
-        t = type(v)
-        if t is dict or (t is not list and t is not tuple and isinstance(v, dict)):
+        if isinstance(v, dict):  # not type(v) is dict: compiled, only isinstance lets values() run in C
             n = len(v)
             if seen + n > limit:
                 return limit, max(largest, n, limit)
@@ -257,7 +256,7 @@ def measure(value: Any, limit: int = 1_000_000) -> tuple[int, int]:
                     seen += 1
                 else:
                     todo.append(x)
-        elif t is list or t is tuple or isinstance(v, (list, tuple)):
+        elif isinstance(v, (list, tuple)):
             if len(v) > largest:
                 largest = len(v)
             todo.extend(v)
@@ -337,7 +336,7 @@ class Expression:
         self._native_ids = frozenset(id(n.node) for n in self._native)
         self._rest_reads = frozenset(self._rest.variables()) if self._rest is not None else frozenset[str]()
 
-    def cost(self, activation: Mapping[str, Any], budget: CostBudget) -> tuple[int, int, int]:
+    def cost(self, activation: dict[str, Any], budget: CostBudget) -> tuple[int, int, int]:
         """Estimated cost of one evaluation on ``activation``: (total, values converted,
         comprehension iterations)."""
         values = largest = 0
@@ -357,7 +356,7 @@ class Expression:
         converted = 2 * values if self._native else values
         return CONVERT_COST * converted + iterations, values, iterations
 
-    def run(self, activation: Mapping[str, Any], budget: CostBudget | None = None) -> Any:
+    def run(self, activation: dict[str, Any], budget: CostBudget | None = None) -> Any:
         """Evaluate; raises ``EvaluationError`` with the library's message on any failure, and
         ``BudgetExceeded`` (before evaluating) when the estimated cost would overspend ``budget``."""
         if budget is not None:
@@ -380,7 +379,7 @@ class Expression:
             text = str(exc).splitlines()
             raise EvaluationError(f"{type(exc).__name__}: {text[0] if text else repr(exc)}") from None
 
-    def _bind(self, activation: Mapping[str, Any]) -> dict[str, Any] | None:
+    def _bind(self, activation: dict[str, Any]) -> dict[str, Any] | None:
         """The activation of the rewritten expression: each native comprehension's result bound
         to its variable; None when a body fails on some step (then the binding runs it all)."""
         steps = activation.get("steps")
@@ -419,7 +418,7 @@ class Expression:
             out[n.name] = len(value) if n.sized else value
         return out
 
-    def test(self, activation: Mapping[str, Any], budget: CostBudget | None = None) -> bool:
+    def test(self, activation: dict[str, Any], budget: CostBudget | None = None) -> bool:
         """Evaluate to a boolean; anything else is an ``EvaluationError``."""
         value = self.run(activation, budget)
         if not isinstance(value, bool):

@@ -187,7 +187,7 @@ def error_line(message: str) -> str:
 
 
 def tokens_of(
-    a: Mapping[str, Any],
+    a: dict[str, Any],
     pairs: tuple[tuple[str, str], ...] = _TOKEN_PAIRS,
     total_keys: tuple[str, ...] = _TOTAL_TOKEN_KEYS,
 ) -> int | None:
@@ -346,21 +346,21 @@ def set_result(out: NormalisedSpan, raw: Any, source: str) -> bool:
     return True
 
 
-def set_first_args(out: NormalisedSpan, a: Mapping[str, Any], keys: tuple[str, ...]) -> bool:
+def set_first_args(out: NormalisedSpan, a: dict[str, Any], keys: tuple[str, ...]) -> bool:
     for key in keys:  # noqa: SIM110 - a loop, not any(generator): this is the hot path
         if key in a and set_args(out, a[key], key):
             return True
     return False
 
 
-def set_first_result(out: NormalisedSpan, a: Mapping[str, Any], keys: tuple[str, ...]) -> bool:
+def set_first_result(out: NormalisedSpan, a: dict[str, Any], keys: tuple[str, ...]) -> bool:
     for key in keys:  # noqa: SIM110 - as above
         if key in a and set_result(out, a[key], key):
             return True
     return False
 
 
-def first_str(a: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:
+def first_str(a: dict[str, Any], keys: tuple[str, ...]) -> str | None:
     for key in keys:
         s = as_str(a.get(key))
         if s:
@@ -375,7 +375,7 @@ def name_after(span_name: str, prefix: str) -> str | None:
     return None
 
 
-def flattened(a: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:
+def flattened(a: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
     """Flattened lists (``<prefix>N.<field>``) -> one dict of fields per N, in order of N."""
     items: dict[int, dict[str, Any]] = {}
     n = len(prefix)

@@ -9,7 +9,6 @@ on a ``gen_ai.client.inference.operation.details`` event; the older event-based 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Final
 
 from otel_plumb.model.span import SpanRecord
@@ -62,7 +61,7 @@ def read_as(span: SpanRecord, out: NormalisedSpan, convention: str, kind: StepKi
         out.name = as_str(a.get("gen_ai.workflow.name")) or span.name
 
 
-def kind_of(span: SpanRecord, a: Mapping[str, Any]) -> StepKind:
+def kind_of(span: SpanRecord, a: dict[str, Any]) -> StepKind:
     op = a.get("gen_ai.operation.name")
     kind = OPERATION_KINDS.get(op) if isinstance(op, str) else None
     if kind is not None:
@@ -78,7 +77,7 @@ def kind_of(span: SpanRecord, a: Mapping[str, Any]) -> StepKind:
     return "other"
 
 
-def read_tool(span: SpanRecord, out: NormalisedSpan, a: Mapping[str, Any]) -> None:
+def read_tool(span: SpanRecord, out: NormalisedSpan, a: dict[str, Any]) -> None:
     out.name = as_str(a.get("gen_ai.tool.name")) or name_after(span.name, "execute_tool ") or span.name
     out.tool_call_id = as_str(a.get("gen_ai.tool.call.id"))
     if not set_first_args(out, a, ARGS_KEYS):
@@ -91,7 +90,7 @@ def read_tool(span: SpanRecord, out: NormalisedSpan, a: Mapping[str, Any]) -> No
                 break
 
 
-def read_llm(span: SpanRecord, out: NormalisedSpan, a: Mapping[str, Any]) -> None:
+def read_llm(span: SpanRecord, out: NormalisedSpan, a: dict[str, Any]) -> None:
     out.name = first_str(a, _MODEL_KEYS) or span.name
     output, output_key = a.get(_OUTPUT), _OUTPUT
     inputs = a.get(_INPUT)

@@ -16,7 +16,6 @@ to the keyword arguments when there are no positional ones.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Final
 
 from otel_plumb.model.span import SpanRecord
@@ -69,7 +68,7 @@ def read_langfuse(span: SpanRecord, out: NormalisedSpan) -> None:
             out.tokens = _usage_total(usage, ("input", "output"), "total")
 
 
-def _read_payloads(out: NormalisedSpan, a: Mapping[str, Any], input_key: str, output_key: str) -> None:
+def _read_payloads(out: NormalisedSpan, a: dict[str, Any], input_key: str, output_key: str) -> None:
     if out.kind == "tool":
         if input_key in a:
             set_args(out, a[input_key], input_key)

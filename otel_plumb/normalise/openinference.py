@@ -13,7 +13,6 @@ are read instead.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Final
 
 from otel_plumb.model.span import SpanRecord
@@ -103,7 +102,7 @@ _HANDOFF_PREFIX: Final = "handoff to "
 FRAMEWORK_TOOLS: Final = {"openinference.instrumentation.smolagents": frozenset({"final_answer"})}
 
 
-def _read_tool(span: SpanRecord, out: NormalisedSpan, a: Mapping[str, Any]) -> None:
+def _read_tool(span: SpanRecord, out: NormalisedSpan, a: dict[str, Any]) -> None:
     named = first_str(a, ("tool.name", "tool_call.function.name"))
     if named is None and span.name.startswith(_HANDOFF_PREFIX):
         # Control passes to another agent: an agent step naming it, not a tool call.
@@ -175,7 +174,7 @@ def _check_against_schema(out: NormalisedSpan, names: frozenset[str] | None) -> 
     out.args, out.args_status = None, "undecodable"
     out.problems += (f"{out.args_source}: {what} of {out.name} ({sorted(names, key=str)[:5]})",)
 
-def _read_messages(out: NormalisedSpan, a: Mapping[str, Any]) -> None:
+def _read_messages(out: NormalisedSpan, a: dict[str, Any]) -> None:
     outputs = flattened(a, "llm.output_messages.")
     if outputs:
         out.requested_calls += tuple(flat_calls(outputs, "message.tool_calls.", _CALL_FIELDS))

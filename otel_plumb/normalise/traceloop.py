@@ -10,7 +10,6 @@ results given back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Final
 
 from otel_plumb.model.span import SpanRecord
@@ -49,7 +48,7 @@ def read(span: SpanRecord, out: NormalisedSpan) -> None:
         set_first_result(out, a, ("traceloop.entity.output",))
 
 
-def _read_input(out: NormalisedSpan, a: Mapping[str, Any]) -> None:
+def _read_input(out: NormalisedSpan, a: dict[str, Any]) -> None:
     key = "traceloop.entity.input"
     if key in a:
         set_args(out, a[key], key)
@@ -64,7 +63,7 @@ def _callback_call_id(raw: Any) -> str | None:
     return as_str(kwargs.get("tool_call_id")) if isinstance(kwargs, dict) else None
 
 
-def _read_llm(span: SpanRecord, out: NormalisedSpan, a: Mapping[str, Any]) -> None:
+def _read_llm(span: SpanRecord, out: NormalisedSpan, a: dict[str, Any]) -> None:
     out.kind = "llm"
     out.name = first_str(a, ("gen_ai.request.model", "gen_ai.response.model")) or span.name
     completions = flattened(a, "gen_ai.completion.")

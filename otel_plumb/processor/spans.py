@@ -4,7 +4,7 @@ runs once per span received. The processor counts, logs, checks and forwards wha
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Final, Protocol
 
 from otel_plumb.assemble import AddOutcome
@@ -83,8 +83,8 @@ class SpanTaker:
         self.early_state = early_state
 
     def early_checks_due(
-        self, touched: Iterable[str], reported: Mapping[str, set[tuple[str, str]]],
-        pending: Mapping[str, PendingEarly],
+        self, touched: Iterable[str], reported: dict[str, set[tuple[str, str]]],
+        pending: dict[str, PendingEarly],
     ) -> list[EarlyCheck]:  # fmt: skip
         """Of the traces a request gave steps to, those still running (root not in, not decided)
         on which an early invariant not yet ``reported`` nor ``pending`` may fail now, as their
