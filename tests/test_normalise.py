@@ -352,12 +352,12 @@ def test_only_results_given_back_since_the_last_model_turn_are_kept():
     assert normalise(span(flat)).tool_results == {"c2": {"n": 2}}
 
 
-
 @pytest.mark.parametrize("wrapper", messages._RESULT_WRAPPERS)
 def test_a_result_in_each_wrapper_is_found(wrapper):
     given_back = [{"role": "user", "parts": [{wrapper: {"id": "c1", "name": "lookup", "response": {"n": 1}}}]}]
     attributes = {"gen_ai.operation.name": "chat", "gen_ai.input.messages": json.dumps(given_back)}
     assert normalise(span(attributes)).tool_results == {"c1": {"n": 1}}
+
 
 _attribute_keys = st.sampled_from(
     ["http.method", "url.full", "service.name", "plumb.case.id", "db.statement", "gen_ai.tool.name", "invoice.id"]

@@ -206,11 +206,17 @@ def _as_result(node: dict[str, Any]) -> tuple[str, Any] | None:
 
 
 _RESULT_WRAPPERS: Final = ("toolResult", "functionResponse", "function_response")
+# The same as a set: compiled, a tuple constant is built anew each time it is used.
+_RESULT_WRAPPER_KEYS: Final = frozenset(_RESULT_WRAPPERS)
 
 
 def _has_wrapper(node: dict[Any, Any]) -> bool:
-    # Spelled out: compiled, a loop over _RESULT_WRAPPERS would build the tuple on every call.
-    return "toolResult" in node or "functionResponse" in node or "function_response" in node
+    for key in node:  # noqa: SIM110 (a loop: any() over a generator takes twice as long)
+        if key in _RESULT_WRAPPER_KEYS:
+            return True
+    return False
+
+
 _NOT_CAPTURED: Final = object()
 
 
