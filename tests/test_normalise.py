@@ -12,7 +12,7 @@ from otel_plumb.assemble import build_trajectory
 from otel_plumb.model import SpanEvent, SpanRecord
 from otel_plumb.model.span import STATUS_ERROR
 from otel_plumb.normalise import CAPTURE_HINTS, messages, normalise
-from otel_plumb.normalise.dispatch import BY_SCOPE, BY_SPAN_NAME, MARKERS
+from otel_plumb.normalise.dispatch import BY_SCOPE, BY_SPAN_NAME, MARKERS, Dispatch, DispatchCache
 
 
 def span(attributes=None, *, name="s", scope="", events=None, status=0, message="", resource=None, parent=None):
@@ -386,3 +386,41 @@ def test_kept_attributes_are_the_resources_short_ones_then_the_spans(attributes,
     expected = {**kept(resource, own=False), **kept(attributes, own=True)}
     assert n.attributes == expected
     assert list(n.attributes) == list(expected)
+
+
+# Few scopes and keys, so that sequences share a scope, a first key and a length (the cache's
+# candidates) and differ further on.
+_scopes = st.sampled_from(["", "pydantic-ai", "opentelemetry.instrumentation.httpx"])
+_key_sequences = st.lists(
+    st.sampled_from(["http.method", "url.full", "gen_ai.operation.name", "gen_ai.tool.name", "tool.name", "llm.x"]),
+    max_size=5, unique=True,
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_scopes, _key_sequences), max_size=60), st.integers(1, 3), st.integers(1, 12))
+def test_the_dispatch_cache_gives_each_span_the_dispatch_of_its_own_keys(seen, candidates, limit):
+    """Whatever order key sequences come in, with candidates dropped and the cache started
+    again: each span gets the reading of its own scope and keys, in their order, and the cache
+    holds no more than its bounds."""
+    cache = DispatchCache(candidates=candidates, limit=limit)
+    for scope, keys in seen:
+        found = cache.find(scope, dict.fromkeys(keys, "v"))
+        fresh = Dispatch(scope, tuple(keys))
+        assert found.keys == tuple(keys)
+        assert (found.reader, found.agentic_keys, found.infrastructure, found.framework) == (
+            fresh.reader, fresh.agentic_keys, fresh.infrastructure, fresh.framework,
+        )  # fmt: skip
+        assert found.shape.kept == fresh.shape.kept and found.shape.session_keys == fresh.shape.session_keys
+        buckets = [b for by_first in cache.by_scope.values() for b in by_first.values()]
+        assert sum(map(len, buckets)) == cache.size <= limit
+        assert all(len(b) <= candidates for b in buckets)
+
+
+def test_a_repeated_key_sequence_is_worked_out_once():
+    cache = DispatchCache()
+    first = cache.find("s", {"http.method": "GET", "url.full": "/a"})
+    assert cache.find("s", {"http.method": "POST", "url.full": "/b"}) is first
+    assert cache.find("s", {"url.full": "/b", "http.method": "POST"}) is not first  # another order
+    assert cache.find("other", {"http.method": "GET", "url.full": "/a"}) is not first  # another scope
+    assert cache.size == 3
