@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from test_live_backpressure import trace_request
 from test_live_support import config, metric, scrape, wait_until
 
 from otel_plumb.demo.backend import OtlpBackend
+from otel_plumb.export.counts import DECISION_BUCKETS, DecisionCounts
 from otel_plumb.export.metrics import OVERFLOW, Metrics
+from otel_plumb.model import Decided, Trajectory
 from otel_plumb.processor import Processor
 from otel_plumb.receive.otlp import ReceivedRequest
 from otel_plumb.report.records import decided_record
@@ -34,6 +43,52 @@ def _status(port: int, path: str) -> int:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return exc.code
+
+
+def _decision_seconds(exposition: bytes) -> tuple[list[str], float]:
+    """The histogram's lines but its sum, its created time and exemplar timestamps left out; and
+    its sum."""
+    lines = [line for line in exposition.decode().splitlines() if "decision_seconds" in line]
+    total = [float(line.split()[-1]) for line in lines if line.startswith("plumb_trajectory_decision_seconds_sum ")]
+    kept = [
+        re.sub(r"(_created) \S+$", r"\1", re.sub(r"( # \{.*\} \S+) \S+$", r"\1", line))
+        for line in lines if not line.startswith("plumb_trajectory_decision_seconds_sum ")
+    ]  # fmt: skip
+    return kept, total[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.floats(0, 1e6) | st.sampled_from(DECISION_BUCKETS), st.booleans()), max_size=12),
+        max_size=4,
+    )
+)
+def test_decision_latencies_added_per_batch_expose_what_observing_each_would(batches) -> None:
+    """Latencies counted per batch (``DecisionCounts``, then ``Metrics.add``) give the text and
+    OpenMetrics expositions prometheus-client's own Histogram gives when it observes each
+    decision with its exemplar: buckets (values on a bound included), count, exemplars, and the
+    sum but for rounding (a batch's latencies are summed before they are added to it)."""
+    metrics, counts = Metrics(), DecisionCounts(lambda _: False)
+    registry = CollectorRegistry()
+    expected = Histogram(
+        "plumb_trajectory_decision_seconds", metrics.decision_seconds.documentation, buckets=DECISION_BUCKETS,
+        registry=registry,
+    )  # fmt: skip
+    n = 0
+    for batch in batches:
+        for seconds, has_trace in batch:
+            trace_id = f"{n:032x}" if has_trace else ""
+            trajectory = Trajectory(key=f"k{n}", trace_ids=[trace_id], steps=[], complete=True)
+            counts.final(Decided(trajectory, [], [], "pass", "final"), [], seconds)
+            expected.observe(seconds, exemplar={"trace_id": trace_id} if has_trace else None)
+            n += 1
+        metrics.add(counts)
+    for render in (generate_latest, generate_openmetrics):
+        lines, total = _decision_seconds(render(metrics.registry))
+        expected_lines, expected_total = _decision_seconds(render(registry))
+        assert lines == expected_lines
+        assert total == pytest.approx(expected_total, rel=1e-12)
 
 
 async def test_health_and_readiness(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """What decided trajectories add to the Prometheus series (SPEC section 6), counted per batch of
 decisions: once per trajectory, verdict and tool step, so compiled with the core (``setup.py``;
-no prometheus-client here). ``Metrics.add`` then adds one total per series: prometheus-client
-takes a lock, and validates an exemplar, on every call."""
+no prometheus-client here). ``Metrics.add`` then adds one total per series, and the batch's
+decision latencies to their histogram at once: prometheus-client takes a lock, and validates an
+exemplar, on every call."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ SERIES: Final = 6
 
 Labels = tuple[str, ...]
 
+# plumb_trajectory_decision_seconds, from 10 ms to ~5 min: decisions wait for idle_timeout
+# (seconds) and at most max_wait (minutes).
+DECISION_BUCKETS: Final[tuple[float, ...]] = (
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+
 
 class SeriesCount:
     """How much one labelled series grew, and the trace id of its exemplar (the last one given)."""
@@ -33,6 +40,30 @@ class SeriesCount:
         self.trace_id = trace_id
 
 
+class LatencyCounts:
+    """Decision latencies as a histogram: how many fell in each bucket (``DECISION_BUCKETS``,
+    each up to and including its bound, then +Inf), their sum, and per bucket the (trace id,
+    seconds) of the last one in it with a trace id (the bucket's exemplar)."""
+
+    __slots__ = ("counts", "exemplars", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(DECISION_BUCKETS) + 1)
+        self.exemplars: dict[int, tuple[str, float]] = {}
+        self.total = 0.0
+
+    def add(self, seconds: float, trace_id: str | None) -> None:
+        bucket = 0
+        for bound in DECISION_BUCKETS:
+            if seconds <= bound:
+                break
+            bucket += 1
+        self.counts[bucket] += 1
+        self.total += seconds
+        if trace_id is not None:
+            self.exemplars[bucket] = (trace_id, seconds)
+
+
 class DecisionCounts:
     """Counts of the decisions since the last ``take``. ``budget_exceeded``: whether a verdict
     is indeterminate because its expression's cost budget ran out (``check.budget_exceeded``)."""
@@ -42,8 +73,8 @@ class DecisionCounts:
     def __init__(self, budget_exceeded: Callable[[Verdict], bool]) -> None:
         self.budget_exceeded = budget_exceeded
         self.series: list[dict[Labels, SeriesCount]] = [{} for _ in range(SERIES)]
-        # (seconds from the last span to the decision, trace id) of each final decision.
-        self.latencies: list[tuple[float, str | None]] = []
+        # Seconds from the last span to the decision, of each final decision.
+        self.latencies = LatencyCounts()
 
     def early(self, decided: Decided) -> None:
         """Failures found on a trajectory still in flight: counted as violations now, and not
@@ -77,13 +108,13 @@ class DecisionCounts:
             step_agent = step.agent or agent
             _add(tools, (step_agent, step.name, "ok" if step.error is None else "error"), None)
             _add(coverage, (step_agent, step.args_status), None)
-        self.latencies.append((seconds, trace_id))
+        self.latencies.add(seconds, trace_id)
 
-    def take(self) -> tuple[list[dict[Labels, SeriesCount]], list[tuple[float, str | None]]]:
+    def take(self) -> tuple[list[dict[Labels, SeriesCount]], LatencyCounts]:
         """The counts so far (by series index), and the latencies; counting starts again."""
         out = self.series, self.latencies
         self.series = [{} for _ in range(SERIES)]
-        self.latencies = []
+        self.latencies = LatencyCounts()
         return out
 
 

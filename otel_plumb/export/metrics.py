@@ -8,19 +8,22 @@ for the OpenMetrics format (Prometheus does, with exemplar storage enabled).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar, Sample
+from prometheus_client.utils import floatToGoString
 
-from otel_plumb.export.counts import DecisionCounts
+from otel_plumb.export.counts import DECISION_BUCKETS, DecisionCounts, LatencyCounts
 
 OVERFLOW = "__overflow__"
 _CHILD_CACHE = 10_000
-# From 10 ms to ~5 min: decisions wait for idle_timeout (seconds) and at most max_wait (minutes).
-DECISION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120, 300)
 
 
 M = TypeVar("M", Counter, Gauge)
@@ -77,6 +80,44 @@ class _Capped(Generic[M]):
         return child
 
 
+class DecisionSeconds(Collector):
+    """``plumb_trajectory_decision_seconds``, a histogram in the exposition prometheus-client's
+    ``Histogram`` writes (buckets with the last exemplar in each, count, sum, created), added to
+    once per batch of decisions (``LatencyCounts``): its ``observe`` takes a lock and validates
+    an exemplar for each decision, about 2 µs, a quarter of what a span of a plain HTTP trace
+    costs in all."""
+
+    name = "plumb_trajectory_decision_seconds"
+    documentation = "Time from a trajectory's last span arriving to its verdict (includes idle_timeout)."
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._counts = [0] * (len(DECISION_BUCKETS) + 1)
+        self._exemplars: list[Exemplar | None] = [None] * len(self._counts)
+        self._sum = 0.0
+        self._created = time.time()
+        self._bounds = [*map(floatToGoString, DECISION_BUCKETS), "+Inf"]
+        registry.register(self)
+
+    def add(self, latencies: LatencyCounts) -> None:
+        for bucket, n in enumerate(latencies.counts):
+            self._counts[bucket] += n
+        self._sum += latencies.total
+        now = time.time()
+        for bucket, (trace_id, seconds) in latencies.exemplars.items():
+            self._exemplars[bucket] = Exemplar({"trace_id": trace_id}, seconds, now)
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation)
+        buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
+        cumulative = 0
+        for bound, n, exemplar in zip(self._bounds, self._counts, self._exemplars, strict=True):
+            cumulative += n
+            buckets.append((bound, float(cumulative)) if exemplar is None else (bound, float(cumulative), exemplar))
+        family.add_metric([], buckets, self._sum)
+        family.samples.append(Sample(f"{self.name}_created", {}, self._created))
+        yield family
+
+
 class Metrics:
     def __init__(self, max_label_values: int = 200, max_label_length: int = 128, max_series: int = 10_000) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -115,12 +156,7 @@ class Metrics:
             max_label_length,
             max_series,
         )
-        self.decision_seconds = Histogram(
-            "plumb_trajectory_decision_seconds",
-            "Time from a trajectory's last span arriving to its verdict (includes idle_timeout).",
-            buckets=DECISION_BUCKETS,
-            registry=r,
-        )
+        self.decision_seconds = DecisionSeconds(r)
         # Not in the fixed SPEC set: spans forwarded but not checked (late, over_limit, unreadable).
         self.spans_unchecked = counter(
             "plumb_spans_unchecked", "Spans forwarded without being checked, by reason.", ["reason"]
@@ -195,14 +231,13 @@ class Metrics:
 
     def add(self, counts: DecisionCounts) -> None:
         """Add what ``counts`` counted since the last call: one increment per series (the
-        exemplar is the last trajectory's), and each decision's latency."""
+        exemplar is the last trajectory's), and the decisions' latencies."""
         series, latencies = counts.take()
         for metric, grown in zip(self._decision_series, series, strict=True):
             for labels, count in grown.items():
                 exemplar = None if count.trace_id is None else {"trace_id": count.trace_id}
                 metric.labels(*labels).inc(count.count, exemplar=exemplar)
-        for seconds, trace_id in latencies:
-            self.decision_seconds.observe(seconds, exemplar=None if trace_id is None else {"trace_id": trace_id})
+        self.decision_seconds.add(latencies)
 
     def render(self, accept: str) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept)
