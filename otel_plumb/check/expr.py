@@ -460,7 +460,7 @@ _COMPARISON: Final = re.compile(
     r"""('[^'\\\n]*'|"[^"\\\n]*"|-?[0-9]+(?![0-9.eEuUxX])|(?:true|false|null)(?![A-Za-z0-9_]))\s*"""
 )
 _JOIN: Final = re.compile(r"&&|\|\|")
-_NULL_COMPARABLE: Final = (str, bool, int)
+_NULL_COMPARABLE: Final[tuple[type, ...]] = (str, bool, int)
 _MAX_INT64: Final = 2**63 - 1
 
 

@@ -22,8 +22,8 @@ from otel_plumb.model import Severity, Step, Trajectory, Verdict
 from otel_plumb.model.trajectory import DATA_LOST, TRANSFER_PREFIX, UNRECOGNISED_SPANS
 from otel_plumb.redact.config import RedactionRules
 
-GUARD_VARIABLES: Final = ("ctx", "steps", "trajectory")
-ARG_VARIABLES: Final = ("args", "result", "ctx", "step", "steps", "trajectory")
+GUARD_VARIABLES: Final[tuple[str, ...]] = ("ctx", "steps", "trajectory")
+ARG_VARIABLES: Final[tuple[str, ...]] = ("args", "result", "ctx", "step", "steps", "trajectory")
 
 
 def budget_exceeded(verdict: Verdict) -> bool:

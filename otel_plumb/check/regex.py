@@ -9,7 +9,7 @@ from typing import Any, Final
 import re2
 
 _UNANCHORED: Final = re2._Anchor.UNANCHORED
-_NO_MATCH: Final = (-1, -1)
+_NO_MATCH: Final[tuple[int, ...]] = (-1, -1)
 
 
 class Regex:

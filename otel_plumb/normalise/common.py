@@ -19,7 +19,7 @@ MAX_ATTRIBUTE_CHARS: Final = 256
 # the readers turn into fields (tool name, args, tokens, ...), and flattened message payloads.
 # What stays is what a trajectory-level check needs: task keys, plumb.*, session/user ids, and
 # user metadata the conventions carry for the application (kept by _USER_PREFIXES).
-_CONVENTION_PREFIXES: Final = (
+_CONVENTION_PREFIXES: Final[tuple[str, ...]] = (
     "gen_ai.",
     "llm.",
     "ai.",
@@ -50,10 +50,12 @@ _CONVENTION_PREFIXES: Final = (
     "events",
     "metadata",
 )
-_USER_PREFIXES: Final = ("traceloop.association.properties.", "ai.telemetry.metadata.", "langsmith.metadata.")
+_USER_PREFIXES: Final[tuple[str, ...]] = (
+    "traceloop.association.properties.", "ai.telemetry.metadata.", "langsmith.metadata.",
+)  # fmt: skip
 
 # Attributes that carry the conversation/session key, in order of preference.
-SESSION_KEYS: Final = (
+SESSION_KEYS: Final[tuple[str, ...]] = (
     "gen_ai.conversation.id",
     "session.id",
     "langfuse.session.id",
@@ -69,21 +71,23 @@ SESSION_KEYS: Final = (
 )
 
 # (input, output) token attribute pairs, newest convention first.
-_TOKEN_PAIRS: Final = (
+_TOKEN_PAIRS: Final[tuple[tuple[str, str], ...]] = (
     ("gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"),
     ("gen_ai.usage.prompt_tokens", "gen_ai.usage.completion_tokens"),
     ("llm.token_count.prompt", "llm.token_count.completion"),
     ("ai.usage.promptTokens", "ai.usage.completionTokens"),
     ("ai.usage.inputTokens", "ai.usage.outputTokens"),
 )
-_TOTAL_TOKEN_KEYS: Final = ("gen_ai.usage.total_tokens", "llm.token_count.total", "llm.usage.total_tokens")
+_TOTAL_TOKEN_KEYS: Final[tuple[str, ...]] = (
+    "gen_ai.usage.total_tokens", "llm.token_count.total", "llm.usage.total_tokens",
+)  # fmt: skip
 
 # Span attributes holding a model call's finish reason(s); instrumentations keep them when content
 # capture is off: OTel GenAI (opentelemetry-instrumentation-openai-v2, OpenLLMetry 0.5x and later,
 # LangSmith) ``gen_ai.response.finish_reasons``, OpenInference ``llm.finish_reason``, Vercel AI SDK
 # ``ai.response.finishReason``; older OpenLLMetry writes ``gen_ai.completion.N.finish_reason``.
 _FINISH_KEYS: Final = frozenset({"gen_ai.response.finish_reasons", "llm.finish_reason", "ai.response.finishReason"})
-_FLAT_FINISH: Final = ("gen_ai.completion.", ".finish_reason")
+_FLAT_FINISH: Final[tuple[str, ...]] = ("gen_ai.completion.", ".finish_reason")
 # Finish reasons meaning "the model asked for tool calls": OpenAI "tool_calls" (legacy
 # "function_call"), the GenAI enum "tool_call", Vercel "tool-calls", Anthropic/Bedrock "tool_use".
 _TOOL_FINISH_REASONS: Final = frozenset({"tool_calls", "tool_call", "tool-calls", "tool_use", "function_call"})

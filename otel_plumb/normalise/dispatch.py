@@ -69,7 +69,7 @@ def _scope_or_marker_reader(scope_name: str, a: Collection[str]) -> Reader | Non
 # Attribute namespaces of the HTTP, database, messaging and RPC semantic conventions: such a span
 # is a plain client, server or messaging span whatever its name says ("POST /v1/chat/completions",
 # an agent runtime's "process <agent>" message delivery).
-INFRASTRUCTURE_PREFIXES: Final = ("http.", "url.", "db.", "messaging.", "rpc.")
+INFRASTRUCTURE_PREFIXES: Final[tuple[str, ...]] = ("http.", "url.", "db.", "messaging.", "rpc.")
 
 
 def _infrastructure(keys: Collection[str]) -> bool:

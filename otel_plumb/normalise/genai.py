@@ -32,12 +32,12 @@ OPERATION_KINDS: Final[dict[str, StepKind]] = {
     "generate_content": "llm",
 }
 
-ARGS_KEYS: Final = ("gen_ai.tool.call.arguments",)
-RESULT_KEYS: Final = ("gen_ai.tool.call.result",)
+ARGS_KEYS: Final[tuple[str, ...]] = ("gen_ai.tool.call.arguments",)
+RESULT_KEYS: Final[tuple[str, ...]] = ("gen_ai.tool.call.result",)
 _DETAILS_EVENT: Final = "gen_ai.client.inference.operation.details"
 _INPUT: Final = "gen_ai.input.messages"
 _OUTPUT: Final = "gen_ai.output.messages"
-_MODEL_KEYS: Final = ("gen_ai.request.model", "gen_ai.response.model")
+_MODEL_KEYS: Final[tuple[str, ...]] = ("gen_ai.request.model", "gen_ai.response.model")
 
 
 def read(span: SpanRecord, out: NormalisedSpan) -> None:

@@ -205,7 +205,7 @@ def _as_result(node: dict[str, Any]) -> tuple[str, Any] | None:
     return None
 
 
-_RESULT_WRAPPERS: Final = ("toolResult", "functionResponse", "function_response")
+_RESULT_WRAPPERS: Final[tuple[str, ...]] = ("toolResult", "functionResponse", "function_response")
 # The same as a set: compiled, a tuple constant is built anew each time it is used.
 _RESULT_WRAPPER_KEYS: Final = frozenset(_RESULT_WRAPPERS)
 

@@ -32,7 +32,7 @@ from otel_plumb.normalise.values import decode
 
 KINDS: Final[dict[str, StepKind]] = {"TOOL": "tool", "LLM": "llm", "AGENT": "agent"}
 
-_CALL_FIELDS: Final = ("tool_call.function.name", "tool_call.function.arguments", "tool_call.id")
+_CALL_FIELDS: Final[tuple[str, str, str]] = ("tool_call.function.name", "tool_call.function.arguments", "tool_call.id")
 
 
 def read(span: SpanRecord, out: NormalisedSpan) -> None:

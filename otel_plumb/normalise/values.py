@@ -46,7 +46,7 @@ PLACEHOLDERS: Final = frozenset(
 
 # Largest string handed to ast.literal_eval: it builds a full syntax tree first.
 _LITERAL_EVAL_MAX: Final = 200_000
-_OPENERS: Final = ("{", "[")
+_OPENERS: Final[tuple[str, ...]] = ("{", "[")
 # orjson turns integers beyond 64 bits into floats, where json keeps them exact: a value orjson
 # read with a float of that size takes json's path. That is looked for in the parsed value when
 # it has at most one value per _BYTES_PER_VALUE bytes of text (message content: a few values in

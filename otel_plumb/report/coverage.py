@@ -16,7 +16,7 @@ from otel_plumb.model.trajectory import CASE_ID
 from otel_plumb.normalise.hints import CAPTURE_HINTS, FRAMEWORK_HINTS
 from otel_plumb.replay import ReplayStats
 
-CAPTURE_STATUSES: Final = ("captured", "absent", "redacted", "undecodable")
+CAPTURE_STATUSES: Final[tuple[str, ...]] = ("captured", "absent", "redacted", "undecodable")
 GENERIC_CAPTURE_HINT: Final = "the instrumentation's content capture (tool arguments and results are often opt-in)"
 # Longest lists kept in the report (names of tools and of spans not understood).
 TOP_N: Final = 20
