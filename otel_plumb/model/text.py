@@ -13,6 +13,8 @@ import json
 import re
 from typing import Any
 
+import orjson
+
 # The escape of a surrogate, in JSON text: where a parse may give a lone one (a valid pair is
 # joined into one character by the parser, so this only says where to look).
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -89,3 +91,22 @@ def within_limits(value: Any, max_depth: int, max_int: int) -> Any:
             for k, v in value.items()
         }
     return [within_limits(v, max_depth - 1, max_int) for v in value]
+
+
+# orjson writes str keys, integers of 64 bits and 254 levels of nesting. A record past these (a
+# tool's arguments holding a 30-digit number, a Python repr's int keys, JSON nested 300 deep,
+# text that is no Unicode) is written with such integers and keys as text and the deepest
+# values as their JSON text (``within_limits``), rather than refused with the whole batch or
+# line it is in.
+_MAX_NESTING = 200
+_INT_MAX = (1 << 63) - 1
+
+
+def record_json(value: Any) -> bytes:
+    """The JSON of a record (or a list of them) as the trajectory store and the verdict log
+    write it: UTF-8, compact, a float that is no number (NaN, infinity) as null, anything that
+    is no JSON value as its ``str``."""
+    try:
+        return orjson.dumps(value, default=str)
+    except TypeError:  # orjson.JSONEncodeError
+        return orjson.dumps(within_limits(value, _MAX_NESTING, _INT_MAX), default=str)

@@ -26,7 +26,7 @@ import orjson
 import zstandard
 
 from otel_plumb.model import SEVERITIES
-from otel_plumb.model.text import within_limits
+from otel_plumb.model.text import record_json
 
 SOURCES = ("live", "replay", "campaign")
 
@@ -59,23 +59,6 @@ CREATE INDEX IF NOT EXISTS verdicts_by_trajectory ON decided_verdicts (decided_i
 # stored uncompressed by earlier versions still read: JSON never starts with zstd's magic.
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _ZSTD_LEVEL = 1
-
-
-# orjson writes str keys, integers of 64 bits and 254 levels of nesting. A record past these (a
-# tool's arguments holding a 30-digit number, a Python repr's int keys, JSON nested 300 deep,
-# text that is no Unicode) is written with such integers and keys as text and the deepest
-# values as their JSON text (``model.text.within_limits``), rather than refused with the whole
-# batch it came in.
-_MAX_NESTING = 200
-_INT_MAX = (1 << 63) - 1
-
-
-def record_json(value: Any) -> bytes:
-    """The JSON of a record (or a list of them), as stored."""
-    try:
-        return orjson.dumps(value, default=str)
-    except TypeError:  # orjson.JSONEncodeError
-        return orjson.dumps(within_limits(value, _MAX_NESTING, _INT_MAX), default=str)
 
 
 def _unpack(blob: bytes) -> dict[str, Any]:

@@ -33,8 +33,9 @@ from typing import IO, Any
 
 import orjson
 
+from otel_plumb.model.text import record_json
 from otel_plumb.store.config import StoreConfig
-from otel_plumb.store.db import TrajectoryStore, record_json
+from otel_plumb.store.db import TrajectoryStore
 
 log = logging.getLogger("otel_plumb.store")
 

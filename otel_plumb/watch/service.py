@@ -1,6 +1,6 @@
 """``otel_plumb.v1.VerdictService``: decided trajectories streamed to gRPC clients as they happen.
 
-The processor publishes trajectory records (``otel_plumb.report.records.trajectory_record``)
+The processor publishes trajectory records (``otel_plumb.report.records.decided_record``)
 to a :class:`VerdictHub`; each ``Watch`` call is one hub subscription with the request's filter.
 Records become ``otel_plumb.v1.Trajectory`` messages by the proto3 JSON mapping: the field
 names are the same, and free-form values (args, result, expected, got) become
