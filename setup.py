@@ -19,8 +19,9 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 # The per-span stages and the loops that drive them in the live processor, replay, coverage and
-# span annotation: where mypyc measured a gain (bench/replay.py, bench/live.py). Modules at the
-# I/O edges (asyncio, gRPC, SQLite) stay interpreted.
+# span annotation, and the decided trajectory's record (verdict log, Watch, store): where mypyc
+# measured a gain (bench/replay.py, bench/live.py). Modules at the I/O edges (asyncio, gRPC,
+# SQLite) stay interpreted.
 COMPILED_CORE = [
     "otel_plumb/model/span.py",
     "otel_plumb/model/trajectory.py",
@@ -42,6 +43,7 @@ COMPILED_CORE = [
     "otel_plumb/export/annotate.py",
     "otel_plumb/export/counts.py",
     "otel_plumb/report/coverage.py",
+    "otel_plumb/report/records.py",
     "otel_plumb/replay.py",
 ]
 PURE_PYTHON_ENV = "OTEL_PLUMB_PURE_PYTHON"

@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from otel_plumb.export.verdict_log import VerdictLog
 from otel_plumb.model import Decided, Step, Trajectory
-from otel_plumb.report.records import decided_record
+from otel_plumb.report.records import STEP_KEYS, decided_record, step_record, step_row
 
 
 def _strict(line: bytes) -> Any:
@@ -60,3 +62,15 @@ def test_arguments_no_json_can_hold_as_they_are_still_give_a_line_of_json(tmp_pa
     while isinstance(node, list):
         depth, node = depth + 1, node[0]
     assert (depth, node) == (300, "bottom")
+
+
+@pytest.mark.parametrize("status", ["captured", "redacted", "absent", "undecodable"])
+def test_a_step_keeps_its_arguments_and_result_only_when_captured(status: str) -> None:
+    """What a redaction or a failed decode left on a step never reaches a record, in either form."""
+    step = Step(3, "tool", "pay", "01" * 8, "02" * 8, "ab" * 16, 1, 2, "otel_genai", args={"amount": 12},
+                args_status=status, result="paid", result_status=status)  # fmt: skip
+    record = step_record(step)
+    expected = ({"amount": 12}, "paid") if status == "captured" else (None, None)
+    assert (record["args"], record["result"]) == expected
+    assert (record["index"], record["args_status"], record["start_time_unix_nano"]) == (3, status, 1)
+    assert step_row(step) == tuple(record[key] for key in STEP_KEYS)

@@ -63,7 +63,7 @@ class Decision:
     @property
     def stored_record(self) -> dict[str, Any]:
         """The record for the trajectory store: ``record`` when built already, else one with its
-        steps as a table (a quarter of the time to build, half the JSON)."""
+        steps as a table (half the JSON)."""
         return self._record if self._record is not None else decided_record(self.emitted, steps_as_table=True)
 
 
