@@ -4,6 +4,7 @@ two versions of the code, and agent spans with spans that are no agent's.
 
     python bench/instructions.py                # agent traces (20% HTTP/DB spans) and service traces
     python bench/instructions.py --spans 20000  # fewer spans: faster, a little less exact
+    python bench/instructions.py --verdict-log  # with the verdict log on, as in the production config
 
 Each point runs in a child process under ``valgrind --tool=callgrind`` (Debian's ``valgrind``;
 about fifty times slower than native, a minute or two a point): the processor is started in the
@@ -57,7 +58,7 @@ def spans_in(raw: bytes) -> int:
                for ss in rs.scope_spans)  # fmt: skip
 
 
-def measure(non_agent: int, spans: int) -> int:
+def measure(non_agent: int, spans: int, verdict_log: bool = False) -> int:
     """The live path on ``spans`` spans (and a warm-up wave); returns the spans counted through."""
     per_trace, in_flight = 21, 1000
     requests = live.realistic_requests(spans // per_trace, per_trace, in_flight, 1024, non_agent=non_agent)
@@ -66,12 +67,12 @@ def measure(non_agent: int, spans: int) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="otel-plumb-instructions-"))
     try:
         (tmp / "policy.yaml").write_text(live.POLICY)
-        return int(operator.call(asyncio.run, run(tmp, [warm_up, requests], total)))
+        return int(operator.call(asyncio.run, run(tmp, [warm_up, requests], total, verdict_log)))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-async def run(tmp: Path, waves: list[list[tuple[bytes, list[bytes]]]], total: int) -> int:
+async def run(tmp: Path, waves: list[list[tuple[bytes, list[bytes]]]], total: int, verdict_log: bool) -> int:
     from otel_plumb.check import load_policies
     from otel_plumb.processor.config import load_config
     from otel_plumb.processor.core import Processor
@@ -86,6 +87,7 @@ async def run(tmp: Path, waves: list[list[tuple[bytes, list[bytes]]]], total: in
         "receivers.max_buffered_spans": 10_000_000,
         "exporters.otlp": {"endpoint": f"grpc://127.0.0.1:{port}", "state_dir": str(tmp / "state"),
                            "queue": {"max_spans": 10_000_000}},
+        **({"verdict_log.path": str(tmp / "verdicts.jsonl")} if verdict_log else {}),
     })  # fmt: skip
     processor = Processor(config, load_policies([str(tmp / "policy.yaml")]))
     await processor.start()
@@ -107,7 +109,7 @@ async def feed(processor: Any, pending: list[bytes], parse: Any) -> None:
         await processor.ingest(parse(pending.pop(0)), "grpc")
 
 
-def counted(non_agent: int, spans: int) -> tuple[int, int]:
+def counted(non_agent: int, spans: int, verdict_log: bool) -> tuple[int, int]:
     """(instructions, spans) of one point, in a child process under callgrind."""
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -115,7 +117,8 @@ def counted(non_agent: int, spans: int) -> tuple[int, int]:
         out = subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/callgrind.out", "--collect-atstart=no",
              f"--toggle-collect={COUNTED}", f"--toggle-collect={NOT_COUNTED}", os.path.realpath(sys.executable),
-             __file__, "--role", "point", "--non-agent", str(non_agent), "--spans", str(spans)],
+             __file__, "--role", "point", "--non-agent", str(non_agent), "--spans", str(spans),
+             *(["--verdict-log"] if verdict_log else [])],
             capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"}, check=True,
         )  # fmt: skip
     refs = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
@@ -128,20 +131,22 @@ def counted(non_agent: int, spans: int) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spans", type=int, default=40_000, help="spans measured per point (after the warm-up)")
+    parser.add_argument("--verdict-log", action="store_true", help="the processor writes a verdict log too")
     parser.add_argument("--non-agent", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--role", choices=["bench", "point"], default="bench", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "point":
-        print(f"spans through: {measure(args.non_agent, args.spans)}")
+        print(f"spans through: {measure(args.non_agent, args.spans, args.verdict_log)}")
         return
     import otel_plumb
 
-    print(f"core {otel_plumb.core()}; realistic delivery, 1 KB per model call, annotate export to a sink in process")
+    print(f"core {otel_plumb.core()}; realistic delivery, 1 KB per model call, annotate export to a sink in process"
+          + ("; verdict log on" if args.verdict_log else ""))  # fmt: skip
     per_span = {}
     for label, non_agent in (("agent traces (20% HTTP/DB spans)", 20), ("service traces (no agent span)", 100)):
         # Start, warm-up wave, drain and stop cost the same in both runs: the difference is the spans'.
-        with_spans, through = counted(non_agent, args.spans)
-        without, warm_up = counted(non_agent, 0)
+        with_spans, through = counted(non_agent, args.spans, args.verdict_log)
+        without, warm_up = counted(non_agent, 0, args.verdict_log)
         spans = through - warm_up
         per_span[non_agent] = (with_spans - without) / spans
         print(f"{label:>36}: {per_span[non_agent]:>9,.0f} instructions per span ({spans:,} spans)", flush=True)

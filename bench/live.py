@@ -13,6 +13,7 @@ decision latency beyond idle_timeout, and the processor's peak RSS.
     python bench/live.py --realistic --sweep non-agent     # 0%, 20%, 100% HTTP/DB spans
     python bench/live.py --realistic --sweep spans --repeat 3   # three rounds over the points; medians
     python bench/live.py --realistic --payload 102400 --warm-up 3   # three waves first: a working set
+    python bench/live.py --realistic --verdict-log         # the processor writes a verdict log too (production config)
 
 The load generator sends pre-built ExportTraceServiceRequests with several requests in flight
 over one gRPC channel, retrying throttled requests after the server's RetryInfo. The processor
@@ -515,6 +516,7 @@ async def run_point(
         f"exporters: {{otlp: {{endpoint: 'grpc://127.0.0.1:{sink_port}', state_dir: '{tmp / 'state'}', "
         "queue: {max_spans: 10000000, max_bytes: 16GiB}}}\n"
         "logging: {level: warning}\n"
+        + (f"verdict_log: {{path: '{tmp / 'verdicts.jsonl'}'}}\n" if args.verdict_log else "")
     ), 60)
     try:
         ready_kib = rss_kib(proc.pid)
@@ -579,8 +581,9 @@ async def realistic_main(args: argparse.Namespace) -> None:
     points: list[tuple[str | None, int]] = [(args.sweep, v) for v in SWEEPS[args.sweep]] if args.sweep else [(None, 0)]
     print(f"processor: {builds()}")
     print(f"realistic delivery: requests of up to {REALISTIC_BATCH} spans across the traces in flight, roots in a "
-          f"later request, 20% HTTP/DB spans; policy of 10 invariants (one CEL), annotate export to a sink; "
-          f"measured after {args.warm_up} warm-up wave(s) of other traces; median of {args.repeat} round(s) over "
+          f"later request, 20% HTTP/DB spans; policy of 10 invariants (one CEL), annotate export to a sink"
+          f"{', verdict log on' if args.verdict_log else ''}; measured after {args.warm_up} warm-up wave(s) of other "
+          f"traces; median of {args.repeat} round(s) over "
           "the points",
           flush=True)  # fmt: skip
     header = (f"{'point':>22} {'spans':>9} {'spans/s':>9} {'CPU us/span':>12} {'no-op spans/s':>14} "
@@ -744,6 +747,7 @@ if __name__ == "__main__":
     parser.add_argument("--spans-per-trace", type=int, default=21, help="realistic mode: spans per trace")
     parser.add_argument("--traces-in-flight", type=int, default=1000, help="realistic mode: traces at once")
     parser.add_argument("--payload", type=int, default=1024, help="realistic mode: content bytes per model call")
+    parser.add_argument("--verdict-log", action="store_true", help="realistic mode: the processor writes a verdict log")
     parser.add_argument("--role", choices=["bench", "noop"], default="bench", help=argparse.SUPPRESS)
     ns = parser.parse_args()
     if ns.role == "noop":
