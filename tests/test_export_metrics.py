@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -153,3 +156,40 @@ async def test_session_grouping_decides_one_trajectory_over_several_traces(tmp_p
     assert sorted(record["trace_ids"]) == sorted(  # type: ignore[arg-type]
         t.resource_spans[0].scope_spans[0].spans[0].trace_id.hex() for t in turns
     )
+
+
+def test_a_scrape_from_another_thread_sees_each_batch_of_latencies_whole() -> None:
+    """Batches are added on the event loop while a scrape may run on another thread: every
+    exposition has whole batches (here 3 latencies of 0.5 s each), never part of one."""
+    metrics = Metrics()
+    batch = DecisionCounts(lambda _: False)
+    seen: list[tuple[float, float, float]] = []
+    done = threading.Event()
+
+    def scrape() -> None:
+        while not done.is_set():
+            text = metrics.render("text/plain")[0].decode()
+            seen.append((
+                metric(text, "plumb_trajectory_decision_seconds_count"),
+                metric(text, "plumb_trajectory_decision_seconds_bucket", le="0.5"),
+                metric(text, "plumb_trajectory_decision_seconds_sum"),
+            ))  # fmt: skip
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the threads take turns as often as the interpreter allows
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    trajectory = Trajectory(key="k", trace_ids=["ab" * 16], steps=[], complete=True)
+    deadline = time.monotonic() + 30
+    try:
+        while len(seen) < 20 and time.monotonic() < deadline:  # batches until 20 scrapes ran
+            for _ in range(3):
+                batch.final(Decided(trajectory, [], [], "pass", "final"), [], 0.5)
+            metrics.add(batch)
+    finally:
+        done.set()
+        scraper.join(10)
+        sys.setswitchinterval(switch)
+    assert len(seen) >= 20
+    for count, at_half, total in seen:
+        assert count % 3 == 0 and at_half == count and total == 0.5 * count
