@@ -6,6 +6,7 @@ exemplar, on every call."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from typing import Final
 
@@ -53,11 +54,7 @@ class LatencyCounts:
         self.total = 0.0
 
     def add(self, seconds: float, trace_id: str | None) -> None:
-        bucket = 0
-        for bound in DECISION_BUCKETS:
-            if seconds <= bound:
-                break
-            bucket += 1
+        bucket = bisect_left(DECISION_BUCKETS, seconds)  # the first bound at or above it
         self.counts[bucket] += 1
         self.total += seconds
         if trace_id is not None:

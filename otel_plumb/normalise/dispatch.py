@@ -145,7 +145,7 @@ class DispatchCache:
             by_first = self.by_scope[scope] = {}
         if bucket is None:
             bucket = by_first[first] = []
-        found = Dispatch(scope, tuple(list(attributes.keys())))
+        found = Dispatch(scope, tuple(attributes))
         if len(bucket) >= self.candidates:
             bucket.pop()
         else:

@@ -206,13 +206,11 @@ def _as_result(node: dict[str, Any]) -> tuple[str, Any] | None:
 
 
 _RESULT_WRAPPERS: Final[tuple[str, ...]] = ("toolResult", "functionResponse", "function_response")
-# The same as a set: compiled, a tuple constant is built anew each time it is used.
-_RESULT_WRAPPER_KEYS: Final = frozenset(_RESULT_WRAPPERS)
 
 
 def _has_wrapper(node: dict[Any, Any]) -> bool:
-    for key in node:  # noqa: SIM110 (a loop: any() over a generator takes twice as long)
-        if key in _RESULT_WRAPPER_KEYS:
+    for key in _RESULT_WRAPPERS:  # noqa: SIM110 (a loop: any() over a generator takes twice as long)
+        if key in node:
             return True
     return False
 
