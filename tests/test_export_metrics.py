@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, enable_created_metrics
+from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from test_live_backpressure import trace_request
@@ -92,6 +93,33 @@ def test_decision_latencies_added_per_batch_expose_what_observing_each_would(bat
         expected_lines, expected_total = _decision_seconds(render(registry))
         assert lines == expected_lines
         assert total == pytest.approx(expected_total, rel=1e-12)
+
+
+@pytest.mark.parametrize("created", [True, False])
+def test_decision_latency_histogram_has_a_created_series_as_the_library_says(created: bool) -> None:
+    """``PROMETHEUS_DISABLE_CREATED_SERIES`` (or ``disable_created_metrics()``) takes the
+    ``_created`` series out of the decision latency histogram too, as out of prometheus-client's
+    own metrics; the rest of its exposition stays the library's Histogram's."""
+    was = prometheus_metrics._use_created
+    (enable_created_metrics if created else disable_created_metrics)()
+    try:
+        metrics, counts = Metrics(), DecisionCounts(lambda _: False)
+        registry = CollectorRegistry()
+        expected = Histogram(
+            "plumb_trajectory_decision_seconds", metrics.decision_seconds.documentation, buckets=DECISION_BUCKETS,
+            registry=registry,
+        )  # fmt: skip
+        for n, seconds in enumerate((0.01, 5.0, 400.0)):
+            trajectory = Trajectory(key=f"k{n}", trace_ids=[f"{n:032x}"], steps=[], complete=True)
+            counts.final(Decided(trajectory, [], [], "pass", "final"), [], seconds)
+            expected.observe(seconds, exemplar={"trace_id": f"{n:032x}"})
+        metrics.add(counts)
+        for render in (generate_latest, generate_openmetrics):
+            lines, _ = _decision_seconds(render(metrics.registry))
+            assert lines == _decision_seconds(render(registry))[0]
+            assert any("_created" in line for line in lines) is created
+    finally:
+        (enable_created_metrics if was else disable_created_metrics)()
 
 
 async def test_health_and_readiness(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -120,7 +121,10 @@ class DecisionSeconds(Collector):
             cumulative += n
             buckets.append((bound, float(cumulative)) if exemplar is None else (bound, float(cumulative), exemplar))
         family.add_metric([], buckets, total)
-        family.samples.append(Sample(f"{self.name}_created", {}, self._created))
+        # As the library's own metrics do: no created series once it is switched off
+        # (PROMETHEUS_DISABLE_CREATED_SERIES, disable_created_metrics()).
+        if getattr(prometheus_metrics, "_use_created", True):
+            family.samples.append(Sample(f"{self.name}_created", {}, self._created))
         yield family
 
 
