@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from otel_plumb.assemble import AssemblyLimits
+from otel_plumb.assemble import AddOutcome, AssemblyLimits
 from otel_plumb.check import decide, load_policy
 from otel_plumb.intake import Intake
 from otel_plumb.model import Decided, SpanRecord
@@ -117,6 +117,26 @@ def test_intake_any_split_order_and_resend_gives_the_clean_outcome(delivery: tup
     assert outcome(decide([POLICY], intake.trajectory(finished[0]))) == CLEAN[scenario]
     resends = sum(len(c) for c in before) + sum(len(c) for c in after) - len(items)
     assert intake.counts.duplicate == resends and intake.counts.late == 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(SCENARIOS), st.data())
+def test_a_trace_remembered_from_before_a_restart_takes_no_resent_span(scenario: str, data: st.DataObject) -> None:
+    """A trace decided before a restart, remembered by its span ids (the processor reads them
+    back from its state directory): any of its spans resent is a duplicate, counted and never
+    a new trajectory; a span it did not have is a late span."""
+    items = spans_of(fixture_requests(scenario))
+    records: list[SpanRecord] = list(request_records(request_of(items)))
+    intake = Intake(AssemblyLimits(idle_timeout_s=10, max_wait_s=1e9))
+    trace_id = records[0].trace_id
+    intake.remember_decided(trace_id, [r.span_id for r in records], at=0.0, now=1.0)
+    resent = data.draw(st.lists(st.sampled_from(records), min_size=1, max_size=len(records)))
+    outcomes = [intake.add(record, None, 2.0)[0] for record in resent]
+    assert set(outcomes) == {AddOutcome.DUPLICATE} and intake.counts.duplicate == len(resent)
+    other = next(request_records(request_of(items[:1])))
+    other.span_id = "f" * 16  # a span of the trace that was not among the decided ones
+    assert intake.add(other, None, 2.0)[0] is AddOutcome.LATE
+    assert intake.drain(100.0) == [] and intake.traces_in_flight == 0
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=SLOW_WITH_FIXTURE)

@@ -176,6 +176,80 @@ async def test_sigkill_with_trajectories_in_flight_loses_nothing_acknowledged(tm
     assert sorted(verdicts) == ["unchecked"] * 4
 
 
+async def _export(port: int, request: ExportTraceServiceRequest) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        await TraceServiceStub(channel).Export(request, timeout=10)
+
+
+def _verdict_log(tmp_path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
+
+
+async def test_a_resend_after_a_restart_is_a_duplicate_not_a_second_trajectory(tmp_path: Path) -> None:
+    """A client resends a request whose acknowledgement it did not get, to the processor
+    restarted in between (a deploy): the trace was decided and forwarded by the first run, so
+    its spans are duplicates, not a second trajectory made of them and forwarded again."""
+    request = trace_request(tools=3)
+    sent = {s.span_id for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans}
+    backend = OtlpBackend()
+    await backend.start(0)
+    proc, ports, log = await asyncio.to_thread(start_cli, _args(tmp_path, "200ms", backend.endpoint))
+    try:
+        await _export(ports["grpc"], request)
+        await wait_until(lambda: backend.span_count >= len(sent), 10, "the trace decided and forwarded")
+        assert await _stop(proc, signal.SIGTERM) == 0, "".join(log)
+        proc, ports, log = await asyncio.to_thread(start_cli, _args(tmp_path, "200ms", backend.endpoint))
+        await _export(ports["grpc"], request)
+        await wait_until(
+            lambda: metric(scrape(ports["metrics"]), "plumb_spans_dropped_total", reason="duplicate") == len(sent),
+            10,
+            "the resent spans counted as duplicates",
+        )
+        assert await _stop(proc, signal.SIGTERM) == 0, "".join(log)  # drains whatever it buffered
+    finally:
+        proc.kill()
+        await backend.stop()
+    counts = Counter(s.span_id for s in backend.spans())
+    assert set(counts) == sent and set(counts.values()) == {1}, "every span exactly once"
+    assert len(_verdict_log(tmp_path)) == 1, "one trajectory, decided by the first run"
+
+
+async def test_a_journaled_resend_replayed_after_sigkill_is_a_duplicate(tmp_path: Path) -> None:
+    """A request holds a resend of a trace decided already and the spans of a trace still open.
+    After kill -9, the journal replays that request: the decided trace's spans are duplicates
+    (not forwarded again, no second trajectory of them), the open trace is decided once."""
+    decided = trace_request(tools=3)
+    open_trace = trace_request(tools=2)
+    del open_trace.resource_spans[0].scope_spans[0].spans[0]  # the root has not ended yet
+    mixed = ExportTraceServiceRequest()
+    mixed.MergeFrom(decided)
+    mixed.MergeFrom(open_trace)
+    sent = {s.span_id for rs in mixed.resource_spans for ss in rs.scope_spans for s in ss.spans}
+    backend = OtlpBackend()
+    await backend.start(0)
+    proc, ports, log = await asyncio.to_thread(start_cli, _args(tmp_path, "200ms", backend.endpoint))
+    try:
+        await _export(ports["grpc"], decided)
+        await wait_until(lambda: backend.span_count >= 4, 10, "the first trace decided and forwarded")
+        await _export(ports["grpc"], mixed)
+        await wait_until(
+            lambda: metric(scrape(ports["metrics"]), "plumb_traces_in_flight") == 1, 10, "the open trace buffered"
+        )
+        assert await _stop(proc, signal.SIGKILL) == -signal.SIGKILL
+        # After the restart the open trace is cut short by max_wait: indeterminate, still exported.
+        proc, ports, log = await asyncio.to_thread(
+            start_cli, _args(tmp_path, "200ms", backend.endpoint, max_wait="1s")
+        )  # fmt: skip
+        await wait_until(lambda: backend.span_count >= len(sent), 15, "the open trace decided and forwarded")
+        assert await _stop(proc, signal.SIGTERM) == 0, "".join(log)
+    finally:
+        proc.kill()
+        await backend.stop()
+    counts = Counter(s.span_id for s in backend.spans())
+    assert set(counts) == sent and set(counts.values()) == {1}, "every span exactly once"
+    assert sorted(len(r["steps"]) for r in _verdict_log(tmp_path)) == [2, 4], "each trace decided once"
+
+
 async def test_a_second_processor_on_the_same_port_or_state_dir_refuses_to_start(tmp_path: Path) -> None:
     proc, ports, log = await asyncio.to_thread(start_cli, _args(tmp_path, "1s", "grpc://127.0.0.1:1"))
     try:

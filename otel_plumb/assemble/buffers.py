@@ -27,11 +27,12 @@ from __future__ import annotations
 import enum
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from otel_plumb.assemble.trajectory import build_trajectory, plain_trajectory
+from otel_plumb.model.span import UNKNOWN_FINGERPRINT
 from otel_plumb.model.trajectory import MISSING_PARENT, NormalisedSpan, Trajectory
 
 
@@ -381,7 +382,20 @@ class Assembler:
                 return AddOutcome.LATE
         if known is None:
             return None
-        return AddOutcome.DUPLICATE if known == fingerprint else AddOutcome.CONFLICTING_DUPLICATE
+        if known in (fingerprint, UNKNOWN_FINGERPRINT):
+            return AddOutcome.DUPLICATE
+        return AddOutcome.CONFLICTING_DUPLICATE
+
+    def remember_decided(self, trace_id: str, span_ids: Iterable[str], at: float, now: float) -> None:
+        """A trace decided before a restart (``at``: when, on the clock of ``now``),
+        remembered as if decided here: a resent span of it is a duplicate, a new one a late span.
+        Its spans' fingerprints did not survive the restart (``UNKNOWN_FINGERPRINT``): a resend
+        with other content is a plain duplicate. Call oldest first, before any span is added."""
+        if trace_id in self._traces or trace_id in self._decided:
+            return
+        entry = self._decided[trace_id] = _DecidedTrace(at, dict.fromkeys(span_ids, UNKNOWN_FINGERPRINT))
+        self._decided_spans += entry.weight
+        self._forget_decided(now)
 
     def add(
         self, span: NormalisedSpan, payload: object, now: float, fingerprint: int = 0, size: int = 0

@@ -178,6 +178,24 @@ class JournalProgress:
         ]
 
 
+def span_ids_by_trace(payloads: list[Forwarded]) -> list[tuple[bytes, bytes]]:
+    """Per trace of ``payloads``: its id (16 bytes) and its spans' ids (8 bytes each, in one
+    ``bytes``), as the decided traces' memory keeps them on disk (``DiskQueue.put``). Spans
+    come in runs of one trace: the dict is touched once per run."""
+    by_trace: dict[str, list[str]] = {}
+    last_trace = ""
+    run: list[str] = []
+    for span in payloads:
+        trace_id = span.ids.trace_id
+        if trace_id != last_trace:
+            found = by_trace.get(trace_id)
+            if found is None:
+                found = by_trace[trace_id] = []
+            run, last_trace = found, trace_id
+        run.append(span.ids.span_id)
+    return [(bytes.fromhex(trace_id), bytes.fromhex("".join(ids))) for trace_id, ids in by_trace.items()]
+
+
 # Default cut for annotation values (exporters.otlp.max_annotation_chars).
 MAX_ANNOTATION_CHARS: Final = 1024
 

@@ -262,10 +262,12 @@ class OtlpExporter:
         batches: list[tuple[bytes, int]],
         done: list[tuple[int, bytes]] | None = None,
         released: list[int] | None = None,
+        decided: list[tuple[bytes, float, bytes]] | None = None,
     ) -> None:
         """Accept serialised requests (body, span count): on disk when this returns. ``done`` and
-        ``released`` update the receive journal in the same transaction (see DiskQueue.put).
-        Raises ``StorageError`` when the write failed (nothing of it was taken)."""
+        ``released`` update the receive journal, and ``decided`` the decided traces' memory, in
+        the same transaction (see DiskQueue.put). Raises ``StorageError`` when the write failed
+        (nothing of it was taken)."""
         q = self.config.queue
         bounded: list[tuple[bytes, int]] = []
         for body, spans in batches:
@@ -274,7 +276,7 @@ class OtlpExporter:
             else:
                 bounded.append((body, spans))
         try:
-            ids = await self._queue.put(bounded, done or [], released or [])
+            ids = await self._queue.put(bounded, done or [], released or [], decided or [])
         except (sqlite3.Error, OSError) as exc:
             raise self._storage_failed("queue", exc) from exc
         for batch_id, (body, spans) in zip(ids, bounded, strict=True):
@@ -297,6 +299,20 @@ class OtlpExporter:
             return await self._queue.journal(body)
         except (sqlite3.Error, OSError) as exc:
             raise self._storage_failed("journal", exc) from exc
+
+    async def decided(self, since: float, limit: int) -> list[tuple[bytes, float, bytes]]:
+        """The traces whose spans were queued as decided, at ``since`` or later (``time.time()``),
+        the ``limit`` last, oldest first: (trace id, time, span ids, 8 bytes each)."""
+        try:
+            return await self._queue.decided(since, limit)
+        except (sqlite3.Error, OSError) as exc:
+            raise self._storage_failed("decided", exc) from exc
+
+    async def forget_decided(self, before: float, keep: int) -> None:
+        try:
+            await self._queue.forget_decided(before, keep)
+        except (sqlite3.Error, OSError) as exc:
+            raise self._storage_failed("decided", exc) from exc
 
     async def release(self, journal_ids: list[int]) -> None:
         try:

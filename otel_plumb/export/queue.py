@@ -9,6 +9,12 @@ row per journaled request and submit, its trace ids (16 bytes each) in one blob.
 trace and request, as earlier versions wrote them, cost 1.35 CPU us per span against 0.52 with
 traces finishing in another order than they came: ``bench/journal.py``.)
 
+``decided_traces`` remembers, per trace whose spans were queued as a decided trace, its span ids
+(8 bytes each, in one blob) and when: written in the transaction that queues them, read back at
+a restart, so that a resent span of a trace decided before the restart (a client retrying a
+request whose acknowledgement was lost, a journaled request replayed after a crash) is a
+duplicate, not the start of a second trajectory made of a fragment.
+
 The bytes of both, journaled requests and export batches, are in append-only segment files
 (``segments.py``: one ``pwrite`` each, files reused) in ``<name>-segments/``; the SQLite file
 (WAL) indexes them: where each is, its length and checksum (xxh3-64, ``checksum``), in the
@@ -33,6 +39,7 @@ import os
 import shutil
 import sqlite3
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,6 +144,11 @@ class DiskQueue:
         db.execute(f"CREATE TABLE IF NOT EXISTS journal_entries (id INTEGER PRIMARY KEY AUTOINCREMENT, {where})")
         db.execute("CREATE TABLE IF NOT EXISTS journal_traces_done (jid INTEGER NOT NULL, trace_ids BLOB NOT NULL)")
         db.execute("CREATE INDEX IF NOT EXISTS journal_traces_done_jid ON journal_traces_done (jid)")
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS decided_traces"
+            " (trace_id BLOB PRIMARY KEY, at REAL NOT NULL, span_ids BLOB NOT NULL)"
+        )
+        db.execute("CREATE INDEX IF NOT EXISTS decided_traces_at ON decided_traces (at)")
         db.execute("CREATE TABLE IF NOT EXISTS probe (body BLOB)")
         for bodies in (self._journal_bodies, self._batch_bodies):
             db.execute(f"CREATE INDEX IF NOT EXISTS {bodies.table}_segment ON {bodies.table} (segment)")
@@ -286,24 +298,62 @@ class DiskQueue:
 
     # ---- the queue and the journal --------------------------------------------------------------
 
-    def _put(self, batches: list[tuple[bytes, int]], done: list[tuple[int, bytes]], released: list[int]) -> list[int]:
+    def _put(
+        self, batches: list[tuple[bytes, int]], done: list[tuple[int, bytes]], released: list[int],
+        decided: Sequence[tuple[bytes, float, bytes]] = (),
+    ) -> list[int]:  # fmt: skip
         assert self._db is not None
         with self._transaction():
             stored = [self._store(self._batch_bodies, body, None, spans) for body, spans in batches]
             self._db.executemany("INSERT INTO journal_traces_done (jid, trace_ids) VALUES (?, ?)", done)
+            # A trace's late spans add to its row; it keeps the time of its decision.
+            self._db.executemany(
+                "INSERT INTO decided_traces (trace_id, at, span_ids) VALUES (?, ?, ?)"
+                " ON CONFLICT (trace_id) DO UPDATE SET span_ids = CAST(span_ids || excluded.span_ids AS BLOB)",
+                decided,
+            )
             freed = self._delete_journal(released)
         self._stored(self._batch_bodies, stored)
         self._freed(self._journal_bodies, freed)
         return [row_id for _, _, row_id in stored]
 
     async def put(
-        self, batches: list[tuple[bytes, int]], done: list[tuple[int, bytes]], released: list[int]
-    ) -> list[int]:
+        self, batches: list[tuple[bytes, int]], done: list[tuple[int, bytes]], released: list[int],
+        decided: Sequence[tuple[bytes, float, bytes]] = (),
+    ) -> list[int]:  # fmt: skip
         """Queue serialised requests; in the same transaction, mark traces of journaled requests
-        as queued (``done``: journal id, and the trace ids, 16 bytes each, in one ``bytes``) and
-        drop the journal entries that have nothing left in flight."""
-        result: list[int] = await self._run(self._put, batches, done, released)
+        as queued (``done``: journal id, and the trace ids, 16 bytes each, in one ``bytes``),
+        drop the journal entries that have nothing left in flight, and remember the ``decided``
+        traces queued (trace id, time of the decision as ``time.time()``, span ids)."""
+        result: list[int] = await self._run(self._put, batches, done, released, decided)
         return result
+
+    def _decided(self, since: float, limit: int) -> list[tuple[bytes, float, bytes]]:
+        assert self._db is not None
+        rows = self._db.execute(
+            "SELECT trace_id, at, span_ids FROM decided_traces WHERE at >= ? ORDER BY at DESC LIMIT ?", (since, limit)
+        ).fetchall()
+        return [(bytes(t), float(at), bytes(ids)) for t, at, ids in reversed(rows)]
+
+    async def decided(self, since: float, limit: int) -> list[tuple[bytes, float, bytes]]:
+        """The ``limit`` traces decided last, at ``since`` or later, oldest first: (trace id, time
+        of the decision, span ids, 8 bytes each)."""
+        result: list[tuple[bytes, float, bytes]] = await self._run(self._decided, since, limit)
+        return result
+
+    def _forget_decided(self, before: float, keep: int) -> None:
+        assert self._db is not None
+        with self._transaction():
+            self._db.execute("DELETE FROM decided_traces WHERE at < ?", (before,))
+            self._db.execute(
+                "DELETE FROM decided_traces"
+                " WHERE at < (SELECT at FROM decided_traces ORDER BY at DESC LIMIT 1 OFFSET ?)",
+                (max(keep - 1, 0),),  # older than the keep-th decided last
+            )
+
+    async def forget_decided(self, before: float, keep: int) -> None:
+        """Forget the traces decided before ``before``, and all but the ``keep`` decided last."""
+        await self._run(self._forget_decided, before, keep)
 
     def _delete_journal(self, released: list[int]) -> list[tuple[int, int]]:
         assert self._db is not None

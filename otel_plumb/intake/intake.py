@@ -11,7 +11,7 @@ incomplete trajectory with the reason, so checks that need what is missing say i
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -135,6 +135,10 @@ class Intake:
         if evicted:
             self._ready.extend(evicted)
         return outcome, span
+
+    def remember_decided(self, trace_id: str, span_ids: Iterable[str], at: float, now: float) -> None:
+        """A trace decided before a restart (see ``Assembler.remember_decided``)."""
+        self.assembler.remember_decided(trace_id, span_ids, at, now)
 
     def unreadable(self, source: Source, message: str, trace_id: str | None = None) -> None:
         """Part of ``source`` could not be read. With ``trace_id`` only that trace is marked;

@@ -98,6 +98,9 @@ class SpanRecord:
 # 60 bits of the hash: an int below 2**60 is two 30-bit digits (32 bytes), a full hash three (48
 # with the allocator's rounding), and one is kept per buffered span.
 _FINGERPRINT_MASK: Final = (1 << 60) - 1
+# The fingerprint of a span whose content is not known (remembered across a restart by its ids
+# only: ``hash`` of text differs from one process to the next). No span's fingerprint is negative.
+UNKNOWN_FINGERPRINT: Final = -1
 
 
 def fingerprint(span: SpanRecord) -> int:

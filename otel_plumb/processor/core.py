@@ -42,6 +42,7 @@ from otel_plumb.export.annotate import (
     encode_requests,
     redact_forwarded,
     redact_span,
+    span_ids_by_trace,
     verdict_span_request,
 )
 from otel_plumb.export.metrics import Metrics, metrics_app
@@ -93,6 +94,8 @@ EVICTION_LOG_INTERVAL = 10.0
 # are new), which stays proportional to the spans taken.
 GC_THRESHOLDS = (500_000, 50, 100)
 GC_YOUNG_INTERVAL = 60.0
+# How often the decided traces' memory on disk drops what it no longer holds.
+DECIDED_FORGET_INTERVAL = 10.0
 
 
 def load_policy_files(paths: Sequence[str]) -> list[CompiledPolicy]:
@@ -252,6 +255,7 @@ class Processor:
             await asyncio.to_thread(self._store.start)  # the writer process opens the store
         if self.exporter is not None:
             await self.exporter.start()
+            await self._remember_decided()
             if self._annotate:
                 await self._replay_journal()
         receivers = cfg.receivers
@@ -783,8 +787,11 @@ class Processor:
         pending = self._journal_pending
         progress = JournalProgress(payloads, pending, whole_traces)
         batches = encode_requests(payloads, self._batch_spans, self._batch_bytes)
+        # Whole traces are decided ones: remembered on disk with them, for after a restart.
+        at = time.time()
+        decided = [(tid, at, ids) for tid, ids in span_ids_by_trace(payloads)] if whole_traces else None
         try:
-            await self.exporter.submit(batches, progress.done, progress.released)
+            await self.exporter.submit(batches, progress.done, progress.released, decided)
         except StorageError as exc:
             self._storage_log.error(
                 "submit", "cannot queue %d spans for export (%s); kept in memory, retried every second",
@@ -849,6 +856,28 @@ class Processor:
         if self._held_releases:
             await self._release([])
 
+    async def _remember_decided(self) -> None:
+        """The traces decided by an earlier run, within ``decided_ttl``, back in the decided
+        traces' memory before anything is taken: a resend of their spans (a client retrying
+        a request whose acknowledgement was lost, a journaled request replayed) is a duplicate,
+        not a second trajectory made of a fragment of the trace, forwarded a second time."""
+        assert self.exporter is not None
+        assembly = self.config.assembly
+        now_wall, now = time.time(), time.monotonic()
+        rows = await self.exporter.decided(now_wall - assembly.decided_ttl, assembly.decided_max_traces)
+        for trace_id, at, span_ids in rows:
+            spans = [span_ids[i : i + 8].hex() for i in range(0, len(span_ids), 8)]
+            self.intake.remember_decided(trace_id.hex(), spans, now - (now_wall - at), now)
+        if rows:
+            log.info("remembered %d traces decided by the previous run", len(rows))
+
+    async def _forget_decided(self) -> None:
+        """Drop from disk what the decided traces' memory no longer holds (past ``decided_ttl``,
+        beyond ``decided_max_traces``)."""
+        assert self.exporter is not None
+        assembly = self.config.assembly
+        await self.exporter.forget_decided(time.time() - assembly.decided_ttl, assembly.decided_max_traces)
+
     async def _replay_journal(self) -> None:
         """Requests acknowledged by a previous run that crashed before their spans were queued."""
         assert self.exporter is not None
@@ -872,6 +901,7 @@ class Processor:
         interval = self.config.assembly.tick
         held_retry = 0.0
         young_gc_at = time.monotonic() + GC_YOUNG_INTERVAL
+        forget_decided_at = time.monotonic() + DECIDED_FORGET_INTERVAL
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._tick_stop.wait(), interval)
@@ -892,6 +922,10 @@ class Processor:
                             await self._decide(finished)
             except Exception:
                 log.exception("deciding trajectories failed")
+            if self.exporter is not None and time.monotonic() >= forget_decided_at:
+                forget_decided_at = time.monotonic() + DECIDED_FORGET_INTERVAL
+                with contextlib.suppress(StorageError):  # counted and logged; tried again next time
+                    await self._forget_decided()
             if (self._held or self._held_requests or self._held_releases) and time.monotonic() >= held_retry:
                 held_retry = time.monotonic() + 1.0
                 try:
