@@ -38,7 +38,7 @@ from otel_plumb.processor import Processor
 from otel_plumb.receive.otlp import ReceivedRequest
 
 
-def _config(tmp_path: Path, idle_timeout: str, max_wait: str = "5m") -> Path:
+def _config(tmp_path: Path, idle_timeout: str, max_wait: str = "5m", mode: str = "annotate") -> Path:
     path = tmp_path / "otel-plumb.yaml"
     path.write_text(
         f"""
@@ -48,6 +48,7 @@ assembly:
   tick: 50ms
 exporters:
   otlp:
+    mode: {mode}
     endpoint: grpc://127.0.0.1:1   # replaced by --export-otlp
     retry: {{initial_interval: 50ms, max_interval: 200ms}}
 logging: {{level: info}}
@@ -56,9 +57,9 @@ logging: {{level: info}}
     return path
 
 
-def _args(tmp_path: Path, idle_timeout: str, export: str, max_wait: str = "5m") -> list[str]:
+def _args(tmp_path: Path, idle_timeout: str, export: str, max_wait: str = "5m", mode: str = "annotate") -> list[str]:
     return [
-        "--config", str(_config(tmp_path, idle_timeout, max_wait)),
+        "--config", str(_config(tmp_path, idle_timeout, max_wait, mode)),
         "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
         "--export-otlp", export,
         "--state-dir", str(tmp_path / "state"),
@@ -185,7 +186,8 @@ def _verdict_log(tmp_path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
 
 
-async def test_a_resend_after_a_restart_is_a_duplicate_not_a_second_trajectory(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["annotate", "passthrough"])
+async def test_a_resend_after_a_restart_is_a_duplicate_not_a_second_trajectory(tmp_path: Path, mode: str) -> None:
     """A client resends a request whose acknowledgement it did not get, to the processor
     restarted in between (a deploy): the trace was decided and forwarded by the first run, so
     its spans are duplicates, not a second trajectory made of them and forwarded again."""
@@ -193,12 +195,16 @@ async def test_a_resend_after_a_restart_is_a_duplicate_not_a_second_trajectory(t
     sent = {s.span_id for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans}
     backend = OtlpBackend()
     await backend.start(0)
-    proc, ports, log = await asyncio.to_thread(start_cli, _args(tmp_path, "200ms", backend.endpoint))
+    args = _args(tmp_path, "200ms", backend.endpoint, mode=mode)
+    proc, ports, log = await asyncio.to_thread(start_cli, args)
     try:
         await _export(ports["grpc"], request)
-        await wait_until(lambda: backend.span_count >= len(sent), 10, "the trace decided and forwarded")
+        await wait_until(lambda: metric(scrape(ports["metrics"]), "plumb_trajectories_total") == 1, 10, "a decision")
+        await wait_until(lambda: backend.span_count >= len(sent), 10, "the trace forwarded")
+        # Acknowledged, so that no export is resent by the next run (export is at-least-once).
+        await wait_until(lambda: metric(scrape(ports["metrics"]), "plumb_export_queue_spans") == 0, 10, "acks")
         assert await _stop(proc, signal.SIGTERM) == 0, "".join(log)
-        proc, ports, log = await asyncio.to_thread(start_cli, _args(tmp_path, "200ms", backend.endpoint))
+        proc, ports, log = await asyncio.to_thread(start_cli, args)
         await _export(ports["grpc"], request)
         await wait_until(
             lambda: metric(scrape(ports["metrics"]), "plumb_spans_dropped_total", reason="duplicate") == len(sent),
@@ -209,9 +215,10 @@ async def test_a_resend_after_a_restart_is_a_duplicate_not_a_second_trajectory(t
     finally:
         proc.kill()
         await backend.stop()
-    counts = Counter(s.span_id for s in backend.spans())
+    counts = Counter(s.span_id for s in backend.spans() if s.span_id in sent)  # passthrough adds verdict spans
     assert set(counts) == sent and set(counts.values()) == {1}, "every span exactly once"
     assert len(_verdict_log(tmp_path)) == 1, "one trajectory, decided by the first run"
+    assert len(backend.spans()) == len(sent) + (mode == "passthrough"), "one verdict span, in passthrough"
 
 
 async def test_a_journaled_resend_replayed_after_sigkill_is_a_duplicate(tmp_path: Path) -> None:
@@ -231,6 +238,7 @@ async def test_a_journaled_resend_replayed_after_sigkill_is_a_duplicate(tmp_path
     try:
         await _export(ports["grpc"], decided)
         await wait_until(lambda: backend.span_count >= 4, 10, "the first trace decided and forwarded")
+        await wait_until(lambda: metric(scrape(ports["metrics"]), "plumb_export_queue_spans") == 0, 10, "acks")
         await _export(ports["grpc"], mixed)
         await wait_until(
             lambda: metric(scrape(ports["metrics"]), "plumb_traces_in_flight") == 1, 10, "the open trace buffered"

@@ -200,6 +200,7 @@ class Processor:
         # journal entries to release. Submits go one at a time so the journal counts stay exact.
         self._held: list[tuple[list[Forwarded], bool]] = []
         self._held_requests: list[tuple[bytes, int]] = []
+        self._held_decided: list[tuple[bytes, float, bytes]] = []  # passthrough's decided traces
         self._held_releases: list[int] = []
         self._submit_lock = asyncio.Lock()
         self._storage_log = RateLimitedLog(log)
@@ -817,20 +818,24 @@ class Processor:
             self.exporter.hold(-len(payloads))
         return True
 
-    async def _submit_requests(self, requests: list[tuple[bytes, int]]) -> None:
-        """Passthrough verdict spans: queued, or held like ``_submit``'s spans when storage fails."""
+    async def _submit_requests(
+        self, requests: list[tuple[bytes, int]], decided: list[tuple[bytes, float, bytes]] | None = None
+    ) -> None:
+        """Passthrough verdict spans, and the decided traces' memory of their trajectories (see
+        ``DiskQueue.put``): queued, or held like ``_submit``'s spans when storage fails."""
         assert self.exporter is not None
         async with self._submit_lock:
             pending = [*self._held_requests, *requests]
+            remembered = [*self._held_decided, *(decided or [])]
             try:
-                await self.exporter.submit(pending)
+                await self.exporter.submit(pending, decided=remembered)
             except StorageError:
                 if requests:
                     self.exporter.hold(sum(n for _, n in requests))
-                self._held_requests = pending
+                self._held_requests, self._held_decided = pending, remembered
                 return
             self.exporter.hold(-sum(n for _, n in self._held_requests))
-            self._held_requests = []
+            self._held_requests, self._held_decided = [], []
 
     async def _release(self, journal_ids: list[int]) -> None:
         """Drop journal entries with nothing left to export; kept for later when storage fails
@@ -851,7 +856,7 @@ class Processor:
         if self._held:
             async with self._submit_lock:
                 await self._write_held()
-        if self._held_requests:
+        if self._held_requests or self._held_decided:
             await self._submit_requests([])
         if self._held_releases:
             await self._release([])
@@ -926,7 +931,8 @@ class Processor:
                 forget_decided_at = time.monotonic() + DECIDED_FORGET_INTERVAL
                 with contextlib.suppress(StorageError):  # counted and logged; tried again next time
                     await self._forget_decided()
-            if (self._held or self._held_requests or self._held_releases) and time.monotonic() >= held_retry:
+            held = self._held or self._held_requests or self._held_decided or self._held_releases
+            if held and time.monotonic() >= held_retry:
                 held_retry = time.monotonic() + 1.0
                 try:
                     await self._retry_held()
@@ -946,6 +952,7 @@ class _ExportConsumer:
         assert p.exporter is not None
         out: list[Forwarded] = []
         verdict_spans: list[ExportTraceServiceRequest] = []
+        forwarded: list[Forwarded] = []  # passthrough: the decided traces' spans, sent already
         for d in decisions:
             decided = d.emitted
             if decided.decision != "final":
@@ -959,14 +966,20 @@ class _ExportConsumer:
                 if decided.is_agent_run:
                     annotate(d.payloads, t, decided.status, decided.policies, decided.verdicts, p._annotation_chars)
                 out.extend(d.payloads)
-            elif t.trace_id:
-                verdict_spans.append(
-                    verdict_span_request(t, decided.status, decided.policies, decided.verdicts, p._annotation_chars)
-                )
+            else:
+                forwarded.extend(d.payloads)
+                if t.trace_id:
+                    verdict_spans.append(
+                        verdict_span_request(t, decided.status, decided.policies, decided.verdicts, p._annotation_chars)
+                    )
         if out:
             await p._submit(out)
-        if verdict_spans:
-            await p._submit_requests([(request.SerializeToString(), 1) for request in verdict_spans])
+        if verdict_spans or forwarded:
+            at = time.time()
+            await p._submit_requests(
+                [(request.SerializeToString(), 1) for request in verdict_spans],
+                [(tid, at, ids) for tid, ids in span_ids_by_trace(forwarded)],
+            )  # fmt: skip
 
 
 def _set_tenant(records: list[SpanRecord | UnreadSpan], tenant: str) -> None:
