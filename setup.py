@@ -27,6 +27,7 @@ COMPILED_CORE = [
     "otel_plumb/model/trajectory.py",
     "otel_plumb/model/verdict.py",
     "otel_plumb/model/decided.py",
+    "otel_plumb/model/placeholders.py",
     *sorted(str(p) for p in Path("otel_plumb/normalise").glob("*.py") if p.name != "__init__.py"),
     "otel_plumb/assemble/buffers.py",
     "otel_plumb/assemble/trajectory.py",

@@ -1,3 +1,5 @@
+import json
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -175,6 +177,29 @@ def test_span_args_are_kept_unless_a_bare_value_and_results_come_from_later_mess
     )
     step = build_trajectory("t1", [ns("r", None, 0, "agent"), llm, own]).tool_steps[0]
     assert step.args == {"invoice_id": "INV-9"} and step.args_source == "gen_ai.tool.call.arguments"
+
+
+def test_a_result_given_back_redacted_in_one_span_and_captured_in_another_is_captured():
+    # A framework's model span around the client library's, one hiding the input text.
+    def model_call(span_id, start, attributes):
+        record = SpanRecord("t1", span_id, "r", "chat", start_ns=start, end_ns=start + 5, attributes=attributes)
+        return normalise(record)
+
+    call = RequestedCall("lookup", {"invoice_id": "INV-1"}, "captured", "call_1")
+    asking = ns("l", "r", 1, "llm", requested_calls=(call,))
+    hidden = model_call("h", 20, {
+        "openinference.span.kind": "LLM",
+        "llm.input_messages.0.message.role": "tool",
+        "llm.input_messages.0.message.tool_call_id": "call_1",
+        "llm.input_messages.0.message.content": "__REDACTED__",
+    })  # fmt: skip
+    given = [{"role": "tool", "parts": [{"type": "tool_call_response", "id": "call_1", "response": '{"n": 1}'}]}]
+    shown = model_call("g", 21, {"gen_ai.operation.name": "chat", "gen_ai.input.messages": json.dumps(given)})
+    for later in ([hidden, shown], [shown, hidden]):
+        (step,) = build_trajectory("t1", [ns("r", None, 0, "agent"), asking, *later]).tool_steps
+        assert (step.result_status, step.result) == ("captured", {"n": 1})
+    (step,) = build_trajectory("t1", [ns("r", None, 0, "agent"), asking, hidden]).tool_steps
+    assert (step.result_status, step.result) == ("redacted", None)
 
 
 def test_a_model_call_recorded_twice_counts_once():

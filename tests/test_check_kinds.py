@@ -142,6 +142,72 @@ def test_arg_matches(tmp_path):
     assert one(tmp_path, inv, trajectory("other")).verdict == "not_applicable"
 
 
+@pytest.mark.parametrize(
+    ("args", "arg", "why"),
+    [
+        ({"to": "<REDACTED>", "body": "hi"}, "to", "to is a redaction placeholder"),
+        ({"to": "***"}, "to", "to is a redaction placeholder"),
+        # otel-plumb's own markers, in spans forwarded with redact_forwarded (or files made from them)
+        ({"to": "[redacted:email]"}, "to", "to is redacted ([redacted:email])"),
+        ({"to": "[hmac:0123456789abcdef]"}, "to", "to is redacted ([hmac:"),
+        ({"to": "bob@ev… [12 characters redacted]"}, "to", "characters redacted"),
+        ({"to": "mail [redacted:email] now"}, "to", "to is redacted"),  # a pattern masked inside the text
+        ({"to": {"address": "<REDACTED>"}}, "to.address", "to.address is a redaction placeholder"),
+        ({"to": "<REDACTED>"}, "to.address", "to is a redaction placeholder"),  # on the way
+        ({"to": ["a@example.com", "<hidden>"]}, "to", "to[1] is a redaction placeholder"),
+    ],
+)
+def test_argument_checks_on_a_placeholder_are_indeterminate_never_fail(tmp_path, args, arg, why):
+    """A placeholder inside captured arguments is not the value the call sent."""
+    t = trajectory(step("send_email", args=args))
+    for check in (f"arg_matches: {{tool: send_email, arg: '{arg}', regex: '@example\\.com$'}}",
+                  f"arg_equals: {{tool: send_email, arg: '{arg}', value: a@example.com}}"):  # fmt: skip
+        v = one(tmp_path, f"{{id: a, {check}}}", t)
+        assert v.verdict == "indeterminate", (check, v.message)
+        assert f"argument {arg} cannot be read" in v.message and why in v.message and v.step_index == 0
+
+
+def test_argument_checks_read_the_fields_beside_a_placeholder(tmp_path):
+    t = trajectory(step("send_email", args={"to": "a@evil.com", "body": "<REDACTED>"}))
+    v = one(tmp_path, "{id: m, arg_matches: {tool: send_email, arg: to, regex: '@example\\.com$'}}", t)
+    assert v.verdict == "fail" and v.got == "a@evil.com"
+    assert one(tmp_path, "{id: m, arg_equals: {tool: send_email, arg: to, value: a@evil.com}}", t).verdict == "pass"
+
+
+def test_arg_equals_against_a_placeholder_in_the_source_step_is_indeterminate(tmp_path):
+    inv = "{id: a, arg_equals: {tool: pay, arg: amount_gbp, step: {tool: fetch_invoice, result: total}}}"
+    fetch = step("fetch_invoice", args={"invoice_id": "INV-1"}, result={"total": "[redacted:amount]"})
+    v = one(tmp_path, inv, trajectory(fetch, step("pay", args={"amount_gbp": 4820})))
+    assert v.verdict == "indeterminate" and "compared with is redacted" in v.message
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        ("bob@evil.com", "the arguments are text, not named arguments"),  # OpenInference input.value
+        ('{"to": "bob@evil.com", "bo', "the arguments are JSON text that does not decode"),  # cut off inside
+        (42, "the arguments are a number"),
+        (["bob@evil.com"], "the arguments are a list"),
+    ],
+)
+def test_argument_checks_on_arguments_that_are_not_named_are_indeterminate(tmp_path, args, why):
+    t = trajectory(step("send_email", args=args))
+    for check in ("arg_matches: {tool: send_email, arg: to, regex: '@evil\\.com$'}",
+                  "arg_equals: {tool: send_email, arg: to, value: bob@evil.com}"):  # fmt: skip
+        v = one(tmp_path, f"{{id: a, {check}}}", t)
+        assert v.verdict == "indeterminate" and "argument to cannot be read" in v.message and why in v.message
+
+
+def test_argument_path_through_text(tmp_path):
+    inv = "{id: a, arg_equals: {tool: pay, arg: card.last4, value: '1234'}}"
+    v = one(tmp_path, inv, trajectory(step("pay", args={"card": '{"last4": "12'})))  # JSON cut off: cannot say
+    assert v.verdict == "indeterminate" and "card is JSON text that does not decode" in v.message
+    assert one(tmp_path, inv, trajectory(step("pay", args={"card": '{"last4": "1234"}'}))).verdict == "pass"
+    # plain text has no fields, and a mapping without the key is what the call sent: both fail
+    assert one(tmp_path, inv, trajectory(step("pay", args={"card": "visa"}))).verdict == "fail"
+    assert one(tmp_path, inv, trajectory(step("pay", args={"card": {"brand": "visa"}}))).verdict == "fail"
+
+
 def test_arg_satisfies(tmp_path):
     inv = "{id: s, arg_satisfies: {tool: approve, expr: 'args.limit >= ctx.amount'}}"
     truth = {"plumb.context.amount": 5000}
@@ -167,6 +233,18 @@ def test_budget(tmp_path):
     v = one(tmp_path, tok, trajectory(step("m", "llm", tokens=60), step("m", "llm", tokens=60)))
     assert v.verdict == "fail" and v.got == 120 and v.step_index == 1
     assert one(tmp_path, tok, trajectory(step("m", "llm"))).verdict == "indeterminate"
+
+
+def test_max_tokens_with_a_model_call_without_a_count(tmp_path):
+    """The uncounted call may hold the tokens that cross the limit; counted ones over it are a fail."""
+    tok = "{id: b, budget: {max_tokens: 150}}"
+    v = one(tmp_path, tok, trajectory(step("m", "llm", tokens=100), step("m", "llm")))
+    assert v.verdict == "indeterminate" and v.got == 100 and v.step_index == 1
+    assert "1 model call(s) recorded no token count" in v.message
+    v = one(tmp_path, tok, trajectory(step("m", "llm"), step("m", "llm", tokens=100), step("m", "llm", tokens=60)))
+    assert v.verdict == "fail" and v.got == 160 and v.step_index == 2
+    both = trajectory(step("m", "llm", tokens=100), step("m", "llm", tokens=40), "a")  # a tool call has no count
+    assert one(tmp_path, tok, both).verdict == "pass"
 
 
 def test_expr(tmp_path):

@@ -81,3 +81,22 @@ def test_path_round_trip(segments):
 def test_canonical_agrees_with_equal(value):
     assert equal(value, value)
     assert canonical(value, "normalised") == canonical(value, "normalised")
+
+
+def test_stand_ins_are_recognised_and_markers_are_the_redactors():
+    """``model.placeholders`` recognises the placeholders (whole values only) and what
+    ``redact`` writes (anywhere in a value)."""
+    from otel_plumb.model import placeholders
+    from otel_plumb.redact import Redactor, Truncate
+    from otel_plumb.redact.redactor import TOO_DEEP
+
+    for text in [*placeholders.PLACEHOLDERS, " <REDACTED> ", "***", "********"]:
+        assert placeholders.is_placeholder(text) and placeholders.stand_in(text) is not None, text
+    for text in ["bob", "[x]", "<b>", "", "**", "redacted by the court"]:
+        assert not placeholders.is_placeholder(text) and placeholders.stand_in(text) is None, text
+    r = Redactor([], b"key")
+    for action in ("mask", "hash", Truncate(truncate=3)):
+        written = r.replacement(action, "bob@example.com", "email")
+        assert written is not None and placeholders.stand_in(f"to {written}!") is not None, written
+    assert placeholders.stand_in(TOO_DEEP) is not None
+    assert placeholders.stand_in("bob@example.com [see notes]") is None

@@ -16,7 +16,7 @@ import pytest
 
 from otel_plumb.assemble import build_trajectory
 from otel_plumb.assemble.trajectory import plain_trajectory
-from otel_plumb.check import ToolNames
+from otel_plumb.check import ToolNames, load_policy
 from otel_plumb.model import NormalisedSpan, SpanRecord, Trajectory
 from otel_plumb.normalise import CAPTURE_HINTS, normalise
 from otel_plumb.receive.files import ReadError, read_spans
@@ -236,6 +236,40 @@ def test_redacted_and_undecodable_arguments_are_not_data():
     statuses = [s.args_status for s in t.tool_steps]
     assert statuses == ["redacted", "undecodable", "captured"]
     assert t.problems == ["gen_ai.tool.call.arguments: neither JSON nor a Python literal (Expecting ',' delimiter)"]
+
+
+def _redact_tool_results(spans: list[SpanRecord]) -> None:
+    """Tool results given back to the model replaced by OpenInference's placeholder (what
+    OPENINFERENCE_HIDE_INPUT_TEXT writes), in each form a model call's input carries them."""
+    for span in spans:
+        a = span.attributes
+        for key, value in list(a.items()):
+            if key.startswith("llm.input_messages.") and key.endswith(".message.role") and value == "tool":
+                a[key.removesuffix(".role") + ".content"] = "__REDACTED__"
+        if "gen_ai.input.messages" in a:
+            history = json.loads(a["gen_ai.input.messages"])
+            for message in history:
+                for part in message["parts"] if message["role"] == "tool" else []:
+                    part["response"] = "__REDACTED__"
+            a["gen_ai.input.messages"] = json.dumps(history)
+        for event in span.events:
+            if event.name == "gen_ai.tool.message":
+                event.attributes["content"] = "__REDACTED__"
+
+
+@pytest.mark.parametrize(
+    ("name", "source"),
+    [("openinference_openai", "llm_output"), ("openai_v2", "llm_output"), ("otel_genai_events", "span")],
+)
+def test_a_redacted_result_given_back_is_redacted_not_a_captured_null(name, source, tmp_path):
+    _, spans = load(name)
+    _redact_tool_results(spans)
+    t = trajectory(spans)
+    assert [(s.source, s.result_status, s.result) for s in t.tool_steps] == [(source, "redacted", None)] * 2
+    policy = tmp_path / "p.yaml"
+    policy.write_text("policy: t\ninvariants:\n  - {id: r, arg_satisfies: {tool: send_payment, expr: result == null}}")
+    (verdict,) = load_policy(policy).evaluate(t)
+    assert verdict.verdict == "indeterminate" and "redacted" in verdict.message
 
 
 def test_events_form_fills_arguments_and_results_by_call_id():

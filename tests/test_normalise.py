@@ -7,12 +7,19 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Status, StatusCode
 
 from otel_plumb.assemble import build_trajectory
+from otel_plumb.check import load_policy
 from otel_plumb.model import SpanEvent, SpanRecord
-from otel_plumb.model.span import STATUS_ERROR
+from otel_plumb.model.span import STATUS_ERROR, STATUS_OK
 from otel_plumb.normalise import CAPTURE_HINTS, messages, normalise
 from otel_plumb.normalise.dispatch import BY_SCOPE, BY_SPAN_NAME, MARKERS, Dispatch, DispatchCache
+from otel_plumb.receive.otlp import request_records
 
 
 def span(attributes=None, *, name="s", scope="", events=None, status=0, message="", resource=None, parent=None):
@@ -82,6 +89,38 @@ def test_errors_from_status_exception_events_and_error_type():
     assert normalise(span({**tool, "error.type": "timeout"})).error == "timeout"
     assert normalise(span(tool, status=STATUS_ERROR)).error == "error"
     assert normalise(span(tool)).error is None
+
+
+def _sdk_tool_span(*, status: StatusCode, error_type: str | None = None) -> SpanRecord:
+    """A ``pay`` tool span from the OpenTelemetry SDK, through the OTLP encoder and decoder, that
+    recorded an exception (a first attempt that timed out) and then ended with ``status``."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "pay"}
+    with provider.get_tracer("test").start_as_current_span("execute_tool pay", attributes=attributes) as sdk_span:
+        sdk_span.record_exception(TimeoutError("first attempt timed out, retrying"))
+        if error_type is not None:
+            sdk_span.set_attribute("error.type", error_type)
+        sdk_span.set_status(Status(status))
+    provider.shutdown()
+    (record,) = request_records(encode_spans(exporter.get_finished_spans()))
+    return record
+
+
+def test_an_exception_event_on_a_span_with_status_ok_is_no_error(tmp_path):
+    # OK is final: the tool raised, handled it (a retry) and succeeded.
+    record = _sdk_tool_span(status=StatusCode.OK)
+    assert [e.name for e in record.events] == ["exception"] and record.status_code == STATUS_OK
+    (step,) = build_trajectory(record.trace_id, [normalise(record)]).tool_steps
+    assert step.error is None and step.succeeded
+    policy = tmp_path / "p.yaml"
+    policy.write_text("policy: t\ninvariants:\n  - {id: m, must_call: pay}\n  - {id: n, never_call: pay}\n")
+    verdicts = load_policy(policy).evaluate(build_trajectory(record.trace_id, [normalise(record)]))
+    assert [(v.invariant, v.verdict) for v in verdicts] == [("m", "pass"), ("n", "fail")]
+    # Without a status the exception event still says the call failed; error.type says so whatever the status.
+    assert normalise(_sdk_tool_span(status=StatusCode.UNSET)).error == "first attempt timed out, retrying"
+    assert normalise(_sdk_tool_span(status=StatusCode.OK, error_type="timeout")).error == "timeout"
 
 
 def test_tokens_only_on_model_calls_and_session_ids():

@@ -5,8 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from otel_plumb.model.placeholders import PLACEHOLDERS
 from otel_plumb.normalise import decode, is_placeholder
-from otel_plumb.normalise.values import PLACEHOLDERS, _long_digit_run
+from otel_plumb.normalise.values import _long_digit_run
 
 
 @pytest.mark.parametrize(

@@ -12,12 +12,15 @@ from otel_plumb.model.trajectory import (
     TOOL_CALLS_NOT_CAPTURED,
     TRANSFER_PREFIX,
     UNRECOGNISED_SPANS,
+    CaptureStatus,
     NormalisedSpan,
     RequestedCall,
     Step,
     Trajectory,
 )
+from otel_plumb.normalise.common import merge_tool_results
 from otel_plumb.normalise.hints import CAPTURE_HINTS
+from otel_plumb.normalise.values import Decoded
 
 # Unrecognised spans named in the problem line, at most.
 _NAMED: Final = 5
@@ -45,6 +48,8 @@ def build_trajectory(
     problems: list[str] = []
     # Each trace needs its own root (a session joins several traces, each with one).
     tops_by_trace: dict[str, list[NormalisedSpan]] = {}
+    # Tool results given back to the model, by tool-call id: the value, or a Decoded for one not
+    # captured (see normalise.values.given_result).
     results_by_call_id: dict[str, object] = {}
     # Span steps come in span order; steps for requested calls are merged in by their own key.
     steps: list[Step] = []
@@ -80,7 +85,7 @@ def build_trajectory(
         if parent is None or parent.trace_id != s.trace_id:
             tops_by_trace.setdefault(s.trace_id, []).append(s)
         if s.tool_results:
-            results_by_call_id.update(s.tool_results)
+            merge_tool_results(results_by_call_id, s.tool_results)
         if s.requested_calls:
             asking.append(s)
         step = _span_step(s)
@@ -119,7 +124,7 @@ def build_trajectory(
         if step.tool_call_id:
             tool_steps_by_call_id[step.tool_call_id] = step
             if step.result_status == "absent" and step.tool_call_id in results_by_call_id:
-                step.result, step.result_status = results_by_call_id[step.tool_call_id], "captured"
+                step.result, step.result_status = _given(results_by_call_id[step.tool_call_id])
         elif step.tool_call_id is None:
             without_id.setdefault(step.name, []).append(step)
     # Tool calls the model requested: matched to tool spans by tool-call id (never doubled), or,
@@ -452,8 +457,20 @@ def _better_args(step: Step, call: RequestedCall) -> bool:
     return not isinstance(step.args, dict) and isinstance(call.args, dict)
 
 
+def _given(result: object) -> tuple[object, CaptureStatus]:
+    """A result given back to the model -> the step's result and result_status: one not captured
+    keeps its status (redacted, undecodable), so checks on it are indeterminate, not a null."""
+    if type(result) is Decoded:
+        return None, result.status
+    return result, "captured"
+
+
 def _requested_step(s: NormalisedSpan, call: RequestedCall, results: dict[str, object]) -> Step:
-    has_result = call.tool_call_id is not None and call.tool_call_id in results
+    result, result_status = (
+        _given(results[call.tool_call_id])
+        if call.tool_call_id is not None and call.tool_call_id in results
+        else (None, "absent")
+    )
     return Step(
         index=0,
         kind="tool",
@@ -468,8 +485,8 @@ def _requested_step(s: NormalisedSpan, call: RequestedCall, results: dict[str, o
         args=call.args,
         args_status=call.args_status,
         args_source="llm_output",
-        result=results.get(call.tool_call_id) if has_result and call.tool_call_id else None,
-        result_status="captured" if has_result else "absent",
+        result=result,
+        result_status=result_status,
         agent=s.agent,
         tool_call_id=call.tool_call_id,
         framework=s.framework,

@@ -23,7 +23,16 @@ from typing import Any, Final
 
 from otel_plumb.check.expr import BudgetExceeded, CostBudget, EvaluationError, Expression
 from otel_plumb.check.regex import Regex
-from otel_plumb.check.values import MISSING, CompareMode, PathSegment, equal, lookup, plain
+from otel_plumb.check.values import (
+    MISSING,
+    CompareMode,
+    PathSegment,
+    Unreadable,
+    equal,
+    plain,
+    read_argument,
+    stand_in_within,
+)
 from otel_plumb.model import Step, Trajectory, VerdictValue
 
 Tools = frozenset[str]
@@ -336,7 +345,13 @@ class ArgumentCheck(Check):
                 out = Outcome("indeterminate", s, f"arguments of {run.where(s)} ({s.name}) are {s.args_status}, "
                               "not captured")  # fmt: skip
             else:
-                out = self.check_call(run, s, lookup(s.args, self.path))
+                # arg_satisfies (no path) reads the arguments in CEL, where a missing key is an error.
+                value = read_argument(s.args, self.path) if self.path else s.args
+                if isinstance(value, Unreadable):
+                    out = Outcome("indeterminate", s, f"{s.name} at {run.where(s)}: argument {self.arg} cannot be "
+                                  f"read: {value.reason}")  # fmt: skip
+                else:
+                    out = self.check_call(run, s, value)
             if out.verdict == "fail":
                 return out
             if out.verdict == "indeterminate" and undecided is None:
@@ -368,9 +383,16 @@ class ArgEquals(ArgumentCheck):
         # Dataflow: the expected value is the last earlier call of the source tool, and on an
         # incomplete trajectory a later one may still be missing, so a mismatch is not final.
         self.final_fail = not from_step
+        self.from_step = from_step
 
     def check_call(self, run: Run, step: Step, value: Any) -> Outcome:
         expected, why_unknown = self.expected(run, step)
+        if why_unknown is None and self.from_step:
+            # The source call's value is trace data too: a placeholder there is no expected value.
+            found = stand_in_within(expected)
+            if found is not None:
+                at = f" (at {found[0].lstrip('.')})" if found[0] else ""
+                why_unknown = f"the value {self.arg} is compared with{at} is {found[1]}"
         if why_unknown is not None:
             return Outcome("indeterminate", step, f"expected value unknown: {why_unknown}", None, plain(value))
         if value is MISSING:
@@ -496,8 +518,11 @@ def _duration(steps: Sequence[Step], limit: float, locate: bool) -> Outcome:
 
 def _tokens(run: Run, steps: Sequence[Step], limit: int, locate: bool) -> Outcome:
     total, seen = 0, False
+    uncounted: Step | None = None
     for s in steps:
         if s.tokens is None:
+            if uncounted is None and s.kind == "llm":
+                uncounted = s
             continue
         seen = True
         total += s.tokens
@@ -506,8 +531,15 @@ def _tokens(run: Run, steps: Sequence[Step], limit: int, locate: bool) -> Outcom
                 return Outcome("fail", None, f"{total} tokens, more than {limit}; {_CROSSING_LATER}",
                                f"<= {limit}", total)  # fmt: skip
             return Outcome("fail", s, f"{total} tokens by {run.where(s)}, more than {limit}", f"<= {limit}", total)
-    if not seen and any(s.kind == "llm" for s in steps):
-        return Outcome("indeterminate", None, "no token counts recorded on the model calls", f"<= {limit}", None)
+    if uncounted is not None:
+        # The counted tokens are within the limit, but a model call without a count may hold the rest.
+        if not seen:
+            return Outcome("indeterminate", None, "no token counts recorded on the model calls", f"<= {limit}", None)
+        n = sum(1 for s in steps if s.kind == "llm" and s.tokens is None)
+        return Outcome(
+            "indeterminate", uncounted, f"{total} tokens counted, but {n} model call(s) recorded no token count "
+            f"(first: {run.where(uncounted)}{run.index_note})", f"<= {limit}", total,
+        )  # fmt: skip
     return PASS
 
 

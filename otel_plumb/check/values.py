@@ -14,6 +14,7 @@ from collections.abc import Hashable
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final, Literal
 
+from otel_plumb.model.placeholders import stand_in
 from otel_plumb.model.text import parse_json
 
 CompareMode = Literal["normalised", "exact", "set"]
@@ -81,6 +82,125 @@ def lookup(value: Any, path: tuple[PathSegment, ...]) -> Any:
         else:
             return MISSING
     return cur
+
+
+class Unreadable:
+    """What ``read_argument`` gives when the data cannot say what the argument is: ``reason``
+    says what could not be read."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"<unreadable: {self.reason}>"
+
+
+def read_argument(args: Any, path: tuple[PathSegment, ...]) -> Any:
+    """The value at ``path`` in a call's arguments, as ``lookup`` reads it; ``MISSING`` when a
+    mapping (or list) there lacks it, which is what the call sent. ``Unreadable`` when the
+    arguments cannot say: they are not named arguments (text that is not JSON, such as a
+    double-encoded object cut off inside, a number, a list read by name), a value on the way
+    is a placeholder, redacted, or JSON text that does not decode, or the value (or a part of
+    it) is a placeholder or redacted."""
+    cur = args
+    for depth, seg in enumerate(path):
+        where, verb = ("the arguments", "are") if depth == 0 else (_path_text(path[:depth]), "is")
+        if isinstance(cur, bytes):
+            try:
+                cur = cur.decode("utf-8")
+            except UnicodeDecodeError:
+                return Unreadable(f"{where} {verb} bytes that are not UTF-8")
+        if isinstance(cur, str):
+            try:
+                cur = parse_json(cur)  # what a verdict quotes must be valid text
+            except (ValueError, RecursionError):
+                why = stand_in(cur)
+                if why is not None:
+                    return Unreadable(f"{where} {verb} {why}")
+                if cur.lstrip()[:1] in ("{", "["):
+                    return Unreadable(f"{where} {verb} JSON text that does not decode, cut off perhaps "
+                                      f"({_excerpt(cur)})")  # fmt: skip
+                if depth == 0:
+                    return Unreadable(f"the arguments are text, not named arguments ({_excerpt(cur)})")
+                return MISSING  # plain text: it has no fields
+        if isinstance(cur, dict):
+            if seg in cur:
+                cur = cur[seg]
+            elif isinstance(seg, int) and str(seg) in cur:
+                cur = cur[str(seg)]
+            else:
+                return MISSING
+        elif isinstance(cur, (list, tuple)) and isinstance(seg, int):
+            if -len(cur) <= seg < len(cur):
+                cur = cur[seg]
+            else:
+                return MISSING
+        elif depth == 0:
+            return Unreadable(f"the arguments are {_kind(cur)}, not named arguments")
+        else:
+            return MISSING
+    found = stand_in_within(cur)
+    return cur if found is None else Unreadable(f"{_path_text(path)}{found[0]} is {found[1]}")
+
+
+def stand_in_within(value: Any) -> tuple[str, str] | None:
+    """Where in ``value`` a string is a stand-in (a placeholder, a redaction marker: see
+    ``model.placeholders``) and what it is: ``("", why)`` for ``value`` itself, ``("[0].to",
+    why)`` inside it; None when it holds none. Walks, not recursion, and works out where only
+    once one is found, so a value with none costs one walk."""
+    if isinstance(value, str):
+        why = stand_in(value)
+        return None if why is None else ("", why)
+    if not isinstance(value, (dict, list, tuple)):
+        return None
+    stack: list[Any] = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if stand_in(v) is not None:
+                return _where_stand_in(value)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return None
+
+
+def _where_stand_in(value: Any) -> tuple[str, str] | None:
+    trail: list[tuple[str, Any]] = [("", value)]
+    while trail:
+        at, v = trail.pop()
+        if isinstance(v, str):
+            why = stand_in(v)
+            if why is not None:
+                return at, why
+        elif isinstance(v, dict):
+            trail.extend((f"{at}.{k}", x) for k, x in v.items())
+        elif isinstance(v, (list, tuple)):
+            trail.extend((f"{at}[{i}]", x) for i, x in enumerate(v))
+    return None
+
+
+def _path_text(path: tuple[PathSegment, ...]) -> str:
+    return "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in path).lstrip(".")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float, Decimal)):
+        return "a number"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, str):
+        return "text"
+    return "null" if value is None else f"a {type(value).__name__}"
+
+
+def _excerpt(text: str) -> str:
+    return repr(text[:40] + "…") if len(text) > 40 else repr(text)
 
 
 # Plain decimals, optionally signed, optionally with an exponent; and English thousands

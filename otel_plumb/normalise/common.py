@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from otel_plumb.model.span import STATUS_ERROR, SpanRecord
+from otel_plumb.model.placeholders import is_placeholder
+from otel_plumb.model.span import STATUS_ERROR, STATUS_OK, SpanRecord
 from otel_plumb.model.trajectory import RESERVED_PREFIX, NormalisedSpan, RequestedCall
-from otel_plumb.normalise.values import decode, is_placeholder, unwrap_call
+from otel_plumb.normalise.values import ABSENT, Decoded, decode, given_result, unwrap_call
 
 # A convention reader fills in kind, name, convention, args, ... on a base NormalisedSpan.
 Reader = Callable[[SpanRecord, NormalisedSpan], None]
@@ -166,11 +167,18 @@ def _is_tool_finish(value: Any) -> bool:
 
 
 def error_of(span: SpanRecord) -> str | None:
-    """Span status ERROR, an ``error.type`` attribute or an ``exception`` event mean the call failed."""
+    """Span status ERROR, an ``error.type`` attribute or an ``exception`` event mean the call failed.
+
+    An ``exception`` event on a span with status OK does not: OK is final in OpenTelemetry (set
+    by the instrumentation or the application, once the call succeeded), and an exception event
+    records an exception raised during the span, which the code may have handled (a tool that
+    retried and then succeeded). ``error.type`` still means failure whatever the status: the
+    semantic conventions define it as the class of error the operation ended with."""
     a = span.attributes
-    exc = next((e for e in span.events if e.name == "exception"), None) if span.events else None
+    status = span.status_code
+    exc = next((e for e in span.events if e.name == "exception"), None) if span.events and status != STATUS_OK else None
     error_type = a.get("error.type")
-    if span.status_code != STATUS_ERROR and exc is None and not error_type:
+    if status != STATUS_ERROR and exc is None and not error_type:
         return None
     if span.status_message:
         return error_line(span.status_message)
@@ -301,9 +309,29 @@ def _short(v: Any) -> bool:
 
 
 def add_tool_results(out: NormalisedSpan, results: Mapping[str, Any]) -> None:
-    """Tool results onto ``out``; a span given none keeps the shared empty mapping."""
-    if results:
-        out.tool_results = {**out.tool_results, **results}
+    """Tool results onto ``out``; a span given none keeps the shared empty mapping. A result not
+    captured in one payload (a ``Decoded``, see ``values.given_result``) does not replace the
+    same result captured in another."""
+    if not results:
+        return
+    if not out.tool_results:
+        out.tool_results = dict(results)
+        return
+    merged = dict(out.tool_results)
+    merge_tool_results(merged, results)
+    out.tool_results = merged
+
+
+def merge_tool_results(into: dict[str, Any], results: Mapping[str, Any]) -> None:
+    """``results`` into ``into``, by tool-call id; a captured result wins over one not captured."""
+    for call_id, value in results.items():
+        if type(value) is not Decoded or type(into.get(call_id, value)) is Decoded:
+            into[call_id] = value
+
+
+def captured_tool_results(out: NormalisedSpan) -> bool:
+    """Whether ``out`` holds at least one tool result whose value was captured."""
+    return any(type(v) is not Decoded for v in out.tool_results.values())
 
 
 def set_args(out: NormalisedSpan, raw: Any, source: str) -> bool:
@@ -406,14 +434,16 @@ def flat_calls(messages: list[dict[str, Any]], calls_prefix: str, fields: tuple[
 
 def flat_results(messages: list[dict[str, Any]], role_key: str, id_key: str, content_key: str) -> dict[str, Any]:
     """Tool results from flattened input messages with role "tool", by tool-call id: those after
-    the last assistant message (see ``messages.tool_results``)."""
+    the last assistant message (see ``messages.tool_results``); content not captured gives a
+    ``Decoded`` with its status (``values.given_result``), none at all no result."""
     out: dict[str, Any] = {}
     last_assistant = max((i for i, m in enumerate(messages) if m.get(role_key) == "assistant"), default=-1)
     for message in messages[last_assistant + 1 :]:
         call_id = as_str(message.get(id_key))
         if message.get(role_key) == "tool" and call_id is not None:
-            content = decode(message.get(content_key))
-            out[call_id] = content.value if content.status == "captured" else None
+            result = given_result(message.get(content_key))
+            if result is not ABSENT:
+                out[call_id] = result
     return out
 
 

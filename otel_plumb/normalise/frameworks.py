@@ -22,6 +22,7 @@ from otel_plumb.model.trajectory import NormalisedSpan, RequestedCall, StepKind
 from otel_plumb.normalise import genai
 from otel_plumb.normalise.common import (
     as_str,
+    captured_tool_results,
     error_of,
     first_str,
     name_after,
@@ -104,7 +105,7 @@ def read_adk(span: SpanRecord, out: NormalisedSpan) -> None:
     elif out.kind == "llm":
         if not out.requested_calls and "gcp.vertex.agent.llm_response" in a:
             genai.read_output(out, a["gcp.vertex.agent.llm_response"], "gcp.vertex.agent.llm_response")
-        if not out.tool_results and "gcp.vertex.agent.llm_request" in a:
+        if "gcp.vertex.agent.llm_request" in a and not captured_tool_results(out):
             genai.read_input(out, a["gcp.vertex.agent.llm_request"], "gcp.vertex.agent.llm_request")
     elif out.kind == "agent" and out.name == span.name:
         bracketed = span.name.partition("[")[2].rstrip("]")

@@ -22,7 +22,7 @@ from otel_plumb.normalise.common import (
     set_first_args,
     set_first_result,
 )
-from otel_plumb.normalise.values import decode
+from otel_plumb.normalise.values import ABSENT, decode, given_result
 
 OPERATION_KINDS: Final[dict[str, StepKind]] = {
     "execute_tool": "tool",
@@ -138,6 +138,7 @@ def read_legacy_events(span: SpanRecord, out: NormalisedSpan) -> None:
         elif e.name == "gen_ai.tool.message":
             call_id = as_str(e.attributes.get("id") or e.attributes.get("tool_call_id"))
             if call_id is not None:
-                content = decode(e.attributes.get("content"))
-                results[call_id] = content.value if content.status == "captured" else None
+                result = given_result(e.attributes.get("content"))
+                if result is not ABSENT:
+                    results[call_id] = result
     add_tool_results(out, results)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from otel_plumb.model.trajectory import RequestedCall
-from otel_plumb.normalise.values import decode
+from otel_plumb.normalise.values import ABSENT, decode, given_result
 
 # Containers that may hold calls or results; anything else is not descended into.
 _CONTAINER_KEYS = (
@@ -136,9 +136,10 @@ def _call(name: Any, raw_args: Any, call_id: str | None) -> RequestedCall | None
 
 
 def tool_results(payload: Any) -> dict[str, Any]:
-    """Tool results in decoded input messages, by tool-call id: only those after the last
-    assistant message, i.e. what this call gives back for the previous call's requests. Each
-    model call repeats the whole history; keeping all of it would grow buffers quadratically."""
+    """Tool results in decoded input messages, by tool-call id (a ``Decoded`` for one whose
+    content was not captured, see ``values.given_result``): only those after the last assistant
+    message, i.e. what this call gives back for the previous call's requests. Each model call
+    repeats the whole history; keeping all of it would grow buffers quadratically."""
     out: dict[str, Any] = {}
     _results(recent_messages(payload), out, 0)
     return out
@@ -171,8 +172,9 @@ def _results(node: Any, out: dict[str, Any], depth: int) -> None:
         return
     found = _as_result(node)
     if found is not None:
-        # A result message whose content was not captured (content capture off) is no result.
-        if found[1] is not _NOT_CAPTURED:
+        # A result message without content (content capture off) is no result; one whose
+        # content was redacted or is undecodable is kept as such (see values.given_result).
+        if found[1] is not ABSENT:
             out[found[0]] = found[1]
         return
     for child in _containers(node):
@@ -192,16 +194,16 @@ def _as_result(node: dict[str, Any]) -> tuple[str, Any] | None:
         if isinstance(inner, dict):
             call_id = _call_id(inner)
             if call_id is not None:
-                return call_id, _decoded(_first(inner, ("content", "response", "output")))
+                return call_id, given_result(_first(inner, ("content", "response", "output")))
     if isinstance(kind, str) and kind in _RESULT_TYPES:  # "type" may be anything in hostile input
         call_id = _call_id(node) or _str(node.get("tool_use_id"))
         if call_id is not None:
-            return call_id, _decoded(_first(node, ("response", "result", "output", "content")))
+            return call_id, given_result(_first(node, ("response", "result", "output", "content")))
     if node.get("role") == "tool" or kind == "tool":
         call_id = _str(node.get("tool_call_id")) or _str(node.get("toolCallId"))
         content = node.get("content")
         if call_id is not None and not isinstance(content, list):
-            return call_id, _decoded(content)
+            return call_id, given_result(content)
     return None
 
 
@@ -213,14 +215,6 @@ def _has_wrapper(node: dict[Any, Any]) -> bool:
         if key in node:
             return True
     return False
-
-
-_NOT_CAPTURED: Final = object()
-
-
-def _decoded(raw: Any) -> Any:
-    d = decode(raw)
-    return d.value if d.status == "captured" else _NOT_CAPTURED
 
 
 def _str(value: Any) -> str | None:

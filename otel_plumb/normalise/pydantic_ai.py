@@ -18,7 +18,7 @@ from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, StepKind
 from otel_plumb.normalise import genai, messages
 from otel_plumb.normalise.common import add_tool_results, as_str, name_after, set_args, set_result
-from otel_plumb.normalise.values import decode
+from otel_plumb.normalise.values import ABSENT, decode, given_result
 
 _TOOL_MSG_PREFIX: Final = "running tool: "
 
@@ -66,6 +66,7 @@ def _read_events_attribute(out: NormalisedSpan, raw: Any) -> None:
             out.requested_calls += tuple(messages.requested_calls(event))
         elif name == "gen_ai.tool.message":
             call_id = as_str(event.get("id"))
-            if call_id is not None:
-                results[call_id] = event.get("content")
+            result = given_result(event.get("content")) if call_id is not None else ABSENT
+            if call_id is not None and result is not ABSENT:
+                results[call_id] = result
     add_tool_results(out, results)

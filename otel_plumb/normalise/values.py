@@ -15,34 +15,9 @@ from typing import Any, Final
 
 import orjson
 
+from otel_plumb.model.placeholders import is_placeholder
 from otel_plumb.model.text import parse_json, repair_lone_surrogates
 from otel_plumb.model.trajectory import CaptureStatus
-
-# Placeholders instrumentations and redacting processors write instead of content
-# (compared lowercased and stripped).
-PLACEHOLDERS: Final = frozenset(
-    {
-        "<redacted>",
-        "[redacted]",
-        "redacted",
-        "(redacted)",
-        "{redacted}",
-        "__redacted__",
-        "<hidden>",
-        "[hidden]",
-        "<masked>",
-        "[masked]",
-        "<filtered>",
-        "[filtered]",
-        "<omitted>",
-        "[omitted]",
-        "<not recorded>",
-        "<replaced>",
-        "<not serializable>",
-        "<scrubbed>",
-        "[scrubbed]",
-    }
-)
 
 # Largest string handed to ast.literal_eval: it builds a full syntax tree first.
 _LITERAL_EVAL_MAX: Final = 200_000
@@ -123,17 +98,12 @@ class Decoded:
 ABSENT: Final = Decoded(None, "absent")
 
 
-# First characters of every placeholder: most data strings are ruled out by their first one.
-_PLACEHOLDER_STARTS: Final = frozenset("<[({_*rR")
-
-
-def is_placeholder(text: str) -> bool:
-    s = text.strip()
-    if not s or s[0] not in _PLACEHOLDER_STARTS:
-        return False
-    if len(s) >= 3 and s.strip("*") == "":
-        return True  # "***", "********"
-    return s.lower() in PLACEHOLDERS
+def given_result(raw: Any) -> Any:
+    """A tool result given back to a model in its input messages, for ``tool_results``: the value
+    when captured, else the ``Decoded`` saying why not (``ABSENT`` when there is nothing). The
+    step it is matched to then carries the real status, never a captured null."""
+    d = decode(raw)
+    return d.value if d.status == "captured" else d
 
 
 def decode(raw: Any) -> Decoded:
