@@ -71,18 +71,17 @@ def test_a_restart_gives_back_what_was_not_released(tmp_path: Path) -> None:
 def test_decided_traces_written_with_their_spans_are_given_back_after_a_restart(tmp_path: Path) -> None:
     path = tmp_path / "q.sqlite"
     q = opened(path)
-    t1, t2, t3 = b"1" * 16, b"2" * 16, b"3" * 16
-    q._put([(b"batch", 2)], [], [], [(t1, 100.0, b"a" * 8 + b"b" * 8), (t2, 200.0, b"c" * 8)])
-    late = b"\x00\xff\x00d\x80\x00\x00\x01"  # any bytes, a NUL and no UTF-8 among them
-    q._put([(b"late", 1)], [], [], [(t1, 300.0, late)])  # a late span adds to its trace's row
-    q._put([(b"more", 1)], [], [], [(t3, 400.0, b"e" * 8)])
+    t1, t2, t3 = "1" * 32, "2" * 32, "3" * 32
+    a, b, c, d, e = (ch * 16 for ch in "abcde")
+    q._put([(b"batch", 2)], [], [], [(t1, 100.0, a + b), (t2, 200.0, c)])
+    q._put([(b"late", 1)], [], [], [(t1, 300.0, d)])  # a late span adds to its trace's row
+    q._put([(b"more", 1)], [], [], [(t3, 400.0, e)])
     q._close()
     q = opened(path)
     # Oldest first, a trace at the time of its decision, with every span id queued for it.
-    assert q._decided(0.0, 10) == [(t1, 100.0, b"a" * 8 + b"b" * 8 + late), (t2, 200.0, b"c" * 8),
-                                   (t3, 400.0, b"e" * 8)]  # fmt: skip
-    assert q._decided(150.0, 10) == [(t2, 200.0, b"c" * 8), (t3, 400.0, b"e" * 8)]
-    assert q._decided(0.0, 1) == [(t3, 400.0, b"e" * 8)], "the last decided, when there are more"
+    assert q._decided(0.0, 10) == [(t1, 100.0, a + b + d), (t2, 200.0, c), (t3, 400.0, e)]
+    assert q._decided(150.0, 10) == [(t2, 200.0, c), (t3, 400.0, e)]
+    assert q._decided(0.0, 1) == [(t3, 400.0, e)], "the last decided, when there are more"
     q._forget_decided(150.0, 10)
     assert [t for t, _, _ in q._decided(0.0, 10)] == [t2, t3]
     q._forget_decided(0.0, 1)
@@ -94,7 +93,7 @@ def test_a_failed_put_remembers_no_decided_trace(tmp_path: Path) -> None:
     q = opened(tmp_path / "q.sqlite")
     with pytest.raises(sqlite3.Error):
         # A row SQLite refuses (no time) fails the whole put: neither the batch nor any trace is kept.
-        q._put([(b"batch", 1)], [], [], [(b"1" * 16, 1.0, b"a" * 8), (b"2" * 16, None, b"b" * 8)])  # type: ignore[list-item]
+        q._put([(b"batch", 1)], [], [], [("1" * 32, 1.0, "a" * 16), ("2" * 32, None, "b" * 16)])  # type: ignore[list-item]
     assert q._decided(0.0, 10) == [] and queued(q) == {}
     q._close()
 

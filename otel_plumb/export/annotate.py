@@ -24,7 +24,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from otel_plumb.model import Trajectory, Verdict
+from otel_plumb.model import NormalisedSpan, Trajectory, Verdict
 from otel_plumb.receive.otlp import native_encode_spans, native_span_addition, to_key_values
 
 VIOLATION_EVENT: Final = "plumb.violation"
@@ -178,22 +178,27 @@ class JournalProgress:
         ]
 
 
-def span_ids_by_trace(payloads: list[Forwarded]) -> list[tuple[bytes, bytes]]:
-    """Per trace of ``payloads``: its id (16 bytes) and its spans' ids (8 bytes each, in one
-    ``bytes``), as the decided traces' memory keeps them on disk (``DiskQueue.put``). Spans
-    come in runs of one trace: the dict is touched once per run."""
+def span_ids_by_trace(payloads: list[Forwarded]) -> list[tuple[str, str]]:
+    """Per trace of ``payloads``: its id and its spans' ids, in one text, as the decided traces'
+    memory keeps them on disk (``DiskQueue.put``). Spans come in runs of one trace: the dict is
+    touched once per run."""
     by_trace: dict[str, list[str]] = {}
     last_trace = ""
     run: list[str] = []
     for span in payloads:
-        trace_id = span.ids.trace_id
+        ids = span.ids
+        # A kept span's ids are its normalised span's: read in place, not through the protocol.
+        if isinstance(ids, NormalisedSpan):
+            trace_id, span_id = ids.trace_id, ids.span_id
+        else:
+            trace_id, span_id = ids.trace_id, ids.span_id
         if trace_id != last_trace:
             found = by_trace.get(trace_id)
             if found is None:
                 found = by_trace[trace_id] = []
             run, last_trace = found, trace_id
-        run.append(span.ids.span_id)
-    return [(bytes.fromhex(trace_id), bytes.fromhex("".join(ids))) for trace_id, ids in by_trace.items()]
+        run.append(span_id)
+    return [(trace_id, "".join(ids)) for trace_id, ids in by_trace.items()]
 
 
 # Default cut for annotation values (exporters.otlp.max_annotation_chars).

@@ -262,7 +262,7 @@ class OtlpExporter:
         batches: list[tuple[bytes, int]],
         done: list[tuple[int, bytes]] | None = None,
         released: list[int] | None = None,
-        decided: list[tuple[bytes, float, bytes]] | None = None,
+        decided: list[tuple[str, float, str]] | None = None,
     ) -> None:
         """Accept serialised requests (body, span count): on disk when this returns. ``done`` and
         ``released`` update the receive journal, and ``decided`` the decided traces' memory, in
@@ -300,9 +300,9 @@ class OtlpExporter:
         except (sqlite3.Error, OSError) as exc:
             raise self._storage_failed("journal", exc) from exc
 
-    async def decided(self, since: float, limit: int) -> list[tuple[bytes, float, bytes]]:
+    async def decided(self, since: float, limit: int) -> list[tuple[str, float, str]]:
         """The traces whose spans were queued as decided, at ``since`` or later (``time.time()``),
-        the ``limit`` last, oldest first: (trace id, time, span ids, 8 bytes each)."""
+        the ``limit`` last, oldest first: (trace id, time, span ids, 16 hex characters each)."""
         try:
             return await self._queue.decided(since, limit)
         except (sqlite3.Error, OSError) as exc:

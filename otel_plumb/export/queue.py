@@ -10,10 +10,11 @@ trace and request, as earlier versions wrote them, cost 1.35 CPU us per span aga
 traces finishing in another order than they came: ``bench/journal.py``.)
 
 ``decided_traces`` remembers, per trace whose spans were queued as a decided trace, its span ids
-(8 bytes each, in one blob) and when: written in the transaction that queues them, read back at
-a restart, so that a resent span of a trace decided before the restart (a client retrying a
-request whose acknowledgement was lost, a journaled request replayed after a crash) is a
-duplicate, not the start of a second trajectory made of a fragment.
+(in hex, in one text: as the intake holds them, nothing to convert) and when: written in the
+transaction that queues them, read back at a restart, so that a resent span of a trace decided
+before the restart (a client retrying a request whose acknowledgement was lost, a journaled
+request replayed after a crash) is a duplicate, not the start of a second trajectory made of a
+fragment.
 
 The bytes of both, journaled requests and export batches, are in append-only segment files
 (``segments.py``: one ``pwrite`` each, files reused) in ``<name>-segments/``; the SQLite file
@@ -146,7 +147,7 @@ class DiskQueue:
         db.execute("CREATE INDEX IF NOT EXISTS journal_traces_done_jid ON journal_traces_done (jid)")
         db.execute(
             "CREATE TABLE IF NOT EXISTS decided_traces"
-            " (trace_id BLOB PRIMARY KEY, at REAL NOT NULL, span_ids BLOB NOT NULL)"
+            " (trace_id TEXT PRIMARY KEY, at REAL NOT NULL, span_ids TEXT NOT NULL)"
         )
         db.execute("CREATE INDEX IF NOT EXISTS decided_traces_at ON decided_traces (at)")
         db.execute("CREATE TABLE IF NOT EXISTS probe (body BLOB)")
@@ -300,7 +301,7 @@ class DiskQueue:
 
     def _put(
         self, batches: list[tuple[bytes, int]], done: list[tuple[int, bytes]], released: list[int],
-        decided: Sequence[tuple[bytes, float, bytes]] = (),
+        decided: Sequence[tuple[str, float, str]] = (),
     ) -> list[int]:  # fmt: skip
         assert self._db is not None
         with self._transaction():
@@ -309,7 +310,7 @@ class DiskQueue:
             # A trace's late spans add to its row; it keeps the time of its decision.
             self._db.executemany(
                 "INSERT INTO decided_traces (trace_id, at, span_ids) VALUES (?, ?, ?)"
-                " ON CONFLICT (trace_id) DO UPDATE SET span_ids = CAST(span_ids || excluded.span_ids AS BLOB)",
+                " ON CONFLICT (trace_id) DO UPDATE SET span_ids = span_ids || excluded.span_ids",
                 decided,
             )
             freed = self._delete_journal(released)
@@ -319,7 +320,7 @@ class DiskQueue:
 
     async def put(
         self, batches: list[tuple[bytes, int]], done: list[tuple[int, bytes]], released: list[int],
-        decided: Sequence[tuple[bytes, float, bytes]] = (),
+        decided: Sequence[tuple[str, float, str]] = (),
     ) -> list[int]:  # fmt: skip
         """Queue serialised requests; in the same transaction, mark traces of journaled requests
         as queued (``done``: journal id, and the trace ids, 16 bytes each, in one ``bytes``),
@@ -328,17 +329,17 @@ class DiskQueue:
         result: list[int] = await self._run(self._put, batches, done, released, decided)
         return result
 
-    def _decided(self, since: float, limit: int) -> list[tuple[bytes, float, bytes]]:
+    def _decided(self, since: float, limit: int) -> list[tuple[str, float, str]]:
         assert self._db is not None
         rows = self._db.execute(
             "SELECT trace_id, at, span_ids FROM decided_traces WHERE at >= ? ORDER BY at DESC LIMIT ?", (since, limit)
         ).fetchall()
-        return [(bytes(t), float(at), bytes(ids)) for t, at, ids in reversed(rows)]
+        return [(str(t), float(at), str(ids)) for t, at, ids in reversed(rows)]
 
-    async def decided(self, since: float, limit: int) -> list[tuple[bytes, float, bytes]]:
+    async def decided(self, since: float, limit: int) -> list[tuple[str, float, str]]:
         """The ``limit`` traces decided last, at ``since`` or later, oldest first: (trace id, time
-        of the decision, span ids, 8 bytes each)."""
-        result: list[tuple[bytes, float, bytes]] = await self._run(self._decided, since, limit)
+        of the decision, span ids, 16 hex characters each)."""
+        result: list[tuple[str, float, str]] = await self._run(self._decided, since, limit)
         return result
 
     def _forget_decided(self, before: float, keep: int) -> None:

@@ -200,7 +200,7 @@ class Processor:
         # journal entries to release. Submits go one at a time so the journal counts stay exact.
         self._held: list[tuple[list[Forwarded], bool]] = []
         self._held_requests: list[tuple[bytes, int]] = []
-        self._held_decided: list[tuple[bytes, float, bytes]] = []  # passthrough's decided traces
+        self._held_decided: list[tuple[str, float, str]] = []  # passthrough's decided traces
         self._held_releases: list[int] = []
         self._submit_lock = asyncio.Lock()
         self._storage_log = RateLimitedLog(log)
@@ -819,7 +819,7 @@ class Processor:
         return True
 
     async def _submit_requests(
-        self, requests: list[tuple[bytes, int]], decided: list[tuple[bytes, float, bytes]] | None = None
+        self, requests: list[tuple[bytes, int]], decided: list[tuple[str, float, str]] | None = None
     ) -> None:
         """Passthrough verdict spans, and the decided traces' memory of their trajectories (see
         ``DiskQueue.put``): queued, or held like ``_submit``'s spans when storage fails."""
@@ -871,8 +871,8 @@ class Processor:
         now_wall, now = time.time(), time.monotonic()
         rows = await self.exporter.decided(now_wall - assembly.decided_ttl, assembly.decided_max_traces)
         for trace_id, at, span_ids in rows:
-            spans = [span_ids[i : i + 8].hex() for i in range(0, len(span_ids), 8)]
-            self.intake.remember_decided(trace_id.hex(), spans, now - (now_wall - at), now)
+            spans = [span_ids[i : i + 16] for i in range(0, len(span_ids), 16)]
+            self.intake.remember_decided(trace_id, spans, now - (now_wall - at), now)
         if rows:
             log.info("remembered %d traces decided by the previous run", len(rows))
 
