@@ -149,3 +149,76 @@ def test_json_numbers_decode_as_json_reads_them(value, padding):
     assert d.status == "captured"
     assert d.value == json.loads(raw)
     assert [type(v) for v in _scalars(d.value)] == [type(v) for v in _scalars(json.loads(raw))]
+
+
+# Arguments inside a call wrapper whose text cannot be read: the wrapper is never passed off as
+# the arguments (a check on `to` would fail on "no argument to"); the verdict is indeterminate.
+# A tool span as the Langfuse SDK records it (tests/fixtures/conventions/langfuse.jsonl).
+def _langfuse_tool(input_value):
+    from otel_plumb.model import SpanRecord
+    from otel_plumb.normalise import normalise
+
+    attributes = {"langfuse.observation.type": "tool", "langfuse.observation.input": input_value}
+    return normalise(SpanRecord("a" * 32, "b" * 16, "c" * 16, "send_email", attributes=attributes,
+                                scope_name="langfuse-sdk"))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("inner", "status"),
+    [
+        ("<REDACTED>", "redacted"),
+        ("***", "redacted"),
+        (json.dumps("<REDACTED>"), "redacted"),
+        ('{"to": "a@example.com", "bo', "undecodable"),  # inner JSON cut off
+        ('[{"to": "a@example.com"', "undecodable"),
+        ("{to: a@example.com}", "undecodable"),
+    ],
+)
+def test_a_wrapped_input_that_cannot_be_read_is_not_passed_off_as_the_arguments(inner, status, tmp_path):
+    from otel_plumb.assemble import build_trajectory
+    from otel_plumb.check import load_policy
+    from otel_plumb.normalise.values import unwrap_call
+
+    d = unwrap_call({"input": inner})
+    assert d is not None and d.status == status and d.value is None and d.reason
+    out = _langfuse_tool(json.dumps({"input": inner}))
+    assert out.args_status == status and out.args is None
+    assert status != "undecodable" or any("call wrapper" in p for p in out.problems)
+
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "policy: t\ninvariants:\n"
+        "  - {id: m, arg_matches: {tool: send_email, arg: to, regex: '@example\\.com$'}}\n"
+        "  - {id: e, arg_equals: {tool: send_email, arg: to, value: b@example.com}}\n"
+    )
+    verdicts = load_policy(policy).evaluate(build_trajectory("a" * 32, [out]))
+    assert [v.verdict for v in verdicts] == ["indeterminate", "indeterminate"], [v.message for v in verdicts]
+
+
+@pytest.mark.parametrize(
+    ("wrapped", "args"),
+    [
+        ({"input": "Paris"}, {"input": "Paris"}),  # plain text: kept, it may be the one argument
+        ({"input": json.dumps({"to": "a@example.com"})}, {"to": "a@example.com"}),
+        ({"input": {"to": "a@example.com"}}, {"input": {"to": "a@example.com"}}),  # a mapping: no wrapper
+    ],
+)
+def test_a_wrapped_input_that_can_be_read_is_unchanged(wrapped, args):
+    out = _langfuse_tool(json.dumps(wrapped))
+    assert out.args_status == "captured" and out.args == args
+
+
+@pytest.mark.parametrize(
+    "wrapped",
+    [
+        {"args": ["<REDACTED>"], "kwargs": {}},
+        {"args": [], "kwargs": "<REDACTED>"},
+        {"args": "[REDACTED]"},
+        {"input_str": "<REDACTED>", "tags": [], "metadata": {}},
+    ],
+)
+def test_a_call_wrapper_holding_only_placeholders_is_redacted(wrapped):
+    from otel_plumb.normalise.values import unwrap_call
+
+    d = unwrap_call(wrapped)
+    assert d is not None and d.status == "redacted" and d.value is None

@@ -192,7 +192,12 @@ _CALLBACK_EXTRAS: Final = frozenset(
 
 def unwrap_call(value: Any) -> Decoded | None:
     """The arguments inside a framework's call wrapper, or why they cannot be told; None when
-    ``value`` is no wrapper (the usual case: it is the arguments)."""
+    ``value`` is no wrapper (the usual case: it is the arguments).
+
+    The text a wrapper holds (``input_str``, ``{"input": "<json>"}``) is decoded: a placeholder
+    makes the arguments ``redacted``, text opening with ``{`` or ``[`` that does not decode (cut
+    off, mangled) ``undecodable`` with the reason; neither is kept as a wrapper that lacks the
+    arguments."""
     if type(value) is not dict:
         return None
     keys = value.keys()
@@ -204,6 +209,8 @@ def unwrap_call(value: Any) -> Decoded | None:
             inner = args[0]
             if isinstance(inner, dict):
                 return Decoded(inner, "captured")
+        if _only_placeholders(args, kwargs):
+            return Decoded(None, "redacted", "call wrapper holding only redaction placeholders")
         return Decoded(None, "undecodable", f"positional arguments without their names: {str(args)[:80]}")
     if "input_str" in keys and keys - {"input_str"} <= _CALLBACK_EXTRAS:
         inputs = value.get("inputs")
@@ -219,4 +226,18 @@ def unwrap_call(value: Any) -> Decoded | None:
         inner = decode(value["input"])
         if inner.status == "captured" and isinstance(inner.value, dict):
             return inner
+        if inner.status in ("redacted", "undecodable"):
+            # A placeholder, or JSON cut off or mangled: the arguments are in there but cannot be
+            # read, so the wrapper is not passed off as them (a check on one would fail falsely).
+            # Plain text (and an empty string) stays wrapped: it may be the tool's one argument.
+            return inner
     return None
+
+
+def _only_placeholders(args: Any, kwargs: Any) -> bool:
+    """Whether a call wrapper's ``args`` and ``kwargs`` (not both empty) are placeholders, as a
+    whole or each positional argument: ``{"args": ["<REDACTED>"], "kwargs": {}}``."""
+    parts: list[Any] = list(args) if isinstance(args, (list, tuple)) else [args]
+    if kwargs:
+        parts.append(kwargs)
+    return bool(parts) and all(isinstance(p, str) and is_placeholder(p) for p in parts)
