@@ -6,7 +6,9 @@ is found on is what the spans so far say, less what spans still to come may chan
 ``transfer_to_<agent>`` call the agent it hands to may still turn into a handoff, tokens of a
 model call a framework's span around it (arriving later) may take over. A ``precedes`` failure
 stands once the ``then`` call's turn is over (``EarlyWatch.stands``), since a ``first`` call
-running beside it may have started earlier and end later. A policy or invariant with
+running beside it may have started earlier and end later; it is not looked for at all once a
+model call of the trace asked for tool calls whose names were not captured (one of them may be
+the ``first`` call). A policy or invariant with
 ``applies_to`` is checked in flight only when its globs name services only, matching every
 service the spans came from (which agent a trajectory is, is known from its root, which
 arrives last). This holds
@@ -86,9 +88,9 @@ class _Tool:
 class EarlyState:
     """What the early invariants need to know of one trace in flight, updated span by span."""
 
-    __slots__ = ("arrived", "end", "fruitless", "last_attributes", "latest_llm", "llm_spans", "open_turns",
-                 "own_ids", "recheck_at", "reordered", "services", "spans", "start", "tokens", "tool_errors",
-                 "tool_spans", "tools", "watched")  # fmt: skip
+    __slots__ = ("arrived", "end", "fruitless", "hidden_calls", "last_attributes", "latest_llm", "llm_spans",
+                 "open_turns", "own_ids", "recheck_at", "reordered", "services", "spans", "start", "tokens",
+                 "tool_errors", "tool_spans", "tools", "watched")  # fmt: skip
 
     def __init__(self, watched: frozenset[str], arrived: Container[str] | None = None) -> None:
         self.watched = watched
@@ -97,6 +99,8 @@ class EarlyState:
         self.start = self.end = 0
         # The step order may differ from start order, or a tool call may become another kind.
         self.reordered = False
+        # A model call asked for tool calls whose names were not captured (content capture off).
+        self.hidden_calls = False
         self.tools: dict[str, _Tool] = {}
         # The services its spans came from (for applies_to), and the attributes last read for one.
         self.services: set[str] = set()
@@ -164,6 +168,8 @@ class EarlyState:
             self.reordered = True  # it may be a tool's run: that tool call becomes another kind
         if len(span.requested_calls) > 1:
             self.reordered = True  # a turn of parallel calls runs in request order
+        if span.hidden_tool_calls:
+            self.hidden_calls = True
 
     def _first_call(self, tool: _Tool, span: NormalisedSpan) -> None:
         """``span``, a successful call of ``tool``, started before every other one so far."""
@@ -290,6 +296,11 @@ class _Precedes(Condition):
         self.by_turn = not _handoff_named(then)
 
     def holds(self, s: EarlyState) -> bool:
+        if s.hidden_calls:
+            # A call whose name was not captured may be the ``first`` call: unless a tool span in
+            # its turn accounts for it, which spans still to come decide, the final verdict is
+            # indeterminate (the trajectory is incomplete), so no fail is certain before it.
+            return False
         found, at = s.first_ok(self.then)
         if not found:
             return False
