@@ -155,6 +155,41 @@ def test_tool_spans_without_call_ids_are_matched_by_name_in_order():
     assert len(t2.tool_steps) == 2 and t2.problems == ["tool call 'pay' requested in span l3 has no tool span"]
 
 
+def test_a_tool_span_without_an_id_answers_the_latest_request_of_its_name():
+    # l1's pay span is missing; the one pay span runs after l2 asked again: it is l2's call.
+    first = RequestedCall("pay", {"amount": 10}, "captured", None)
+    second = RequestedCall("pay", {"amount": 20}, "captured", None)
+    spans = [
+        ns("r", None, 0, "agent"),
+        ns("l1", "r", 1, "llm", requested_calls=(first,)),
+        ns("l2", "r", 20, "llm", requested_calls=(second,)),
+        ns("p", "r", 40, "tool", "pay"),
+    ]
+    t = build_trajectory("t1", spans)
+    assert [(s.span_id, s.args, s.args_status) for s in t.tool_steps] == [("p", {"amount": 20}, "captured")]
+    assert t.problems == ["tool call 'pay' requested in span l1 has no tool span"]
+
+
+def test_a_tool_span_without_an_id_that_may_answer_requests_with_other_arguments_takes_none():
+    pay = [RequestedCall("pay", {"amount": a}, "captured", None) for a in (10, 20)]
+    root = ns("r", None, 0, "agent")
+    # Two calls of pay in one turn: parallel calls start in any order.
+    both = ns("l", "r", 1, "llm", requested_calls=tuple(pay))
+    t = build_trajectory("t1", [root, both, ns("p1", "r", 20, "tool", "pay"), ns("p2", "r", 21, "tool", "pay")])
+    assert [(s.args, s.args_status) for s in t.tool_steps] == [(None, "absent"), (None, "absent")]
+    assert len(t.problems) == 2 and "may answer more than one request" in t.problems[0]
+    # Another agent's request whose turn is not over (no model call under its parent since).
+    a = ns("a", "r", 1, "llm", requested_calls=(pay[0],))
+    b = ns("b", "r2", 5, "llm", requested_calls=(pay[1],))
+    t = build_trajectory("t1", [root, ns("r2", "r", 2, "agent"), a, b, ns("p", "r2", 30, "tool", "pay")])
+    (step,) = t.tool_steps
+    assert step.args_status == "absent" and "in span(s) a, b" in t.problems[0]
+    # The same arguments asked for twice: no doubt what the span was called with.
+    same = ns("l", "r", 1, "llm", requested_calls=(pay[0], pay[0]))
+    t = build_trajectory("t1", [root, same, ns("p1", "r", 20, "tool", "pay"), ns("p2", "r", 21, "tool", "pay")])
+    assert [s.args for s in t.tool_steps] == [{"amount": 10}, {"amount": 10}] and t.problems == []
+
+
 def test_span_args_are_kept_unless_a_bare_value_and_results_come_from_later_messages():
     call = RequestedCall("lookup", {"invoice_id": "INV-1"}, "captured", "call_1")
     llm = ns("l", "r", 1, "llm", requested_calls=(call,))
@@ -363,6 +398,30 @@ def test_hidden_tool_requests_need_a_tool_span_at_or_after_them():
     other = ns("x", "r2", 30, "tool", "lookup", trace="t2")
     session = build_trajectory("s", [root, hidden, ns("r2", None, 20, trace="t2"), other], session_id="s")
     assert not session.complete and session.incomplete_reason == "tool_calls_not_captured"
+
+
+def test_a_hidden_request_is_covered_only_by_a_tool_span_in_its_turn():
+    root = ns("r", None, 0, "agent")
+    first = ns("a", "r", 10, "llm", hidden_tool_calls=True)
+    second = ns("b", "r", 30, "llm", hidden_tool_calls=True)
+    # The one tool span runs after the agent asked again: it is b's; a's calls, any tools, are lost.
+    t = build_trajectory("t1", [root, first, second, ns("x", "r", 50, "tool", "lookup"), ns("c", "r", 70, "llm")])
+    assert not t.complete and t.incomplete_reason == "tool_calls_not_captured"
+    assert "a (a)" in t.problems[0] and "b (b)" not in t.problems[0]
+    # One in each turn covers both.
+    each = [root, first, ns("x1", "r", 22, "tool", "lookup"), second, ns("x2", "r", 50, "tool", "lookup")]
+    assert build_trajectory("t1", each).complete
+    # A tool span that starts before the request ended is not its answer.
+    assert not build_trajectory("t1", [root, first, ns("x", "r", 15, "tool", "lookup")]).complete
+    # A model call under another parent (a sub-agent's) does not end the turn; the outer record
+    # of a model call recorded twice is the inner one's turn.
+    sub = [root, first, ns("s", "r", 21, "agent"), ns("sl", "s", 22, "llm"), ns("x", "s", 35, "tool", "lookup")]
+    assert build_trajectory("t1", sub).complete
+    outer, inner = ns("o", "r", 10, "llm"), ns("i", "o", 11, "llm", hidden_tool_calls=True)
+    inner.end_ns = outer.end_ns = 20
+    twice = [root, outer, inner, ns("x", "r", 25, "tool", "lookup"), ns("o2", "r", 40, "llm")]
+    assert build_trajectory("t1", twice).complete
+    assert not build_trajectory("t1", [*twice[:3], twice[4], ns("x", "r", 55, "tool", "lookup")]).complete
 
 
 def test_a_hidden_request_named_by_the_other_record_of_the_same_call_is_covered():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable
 from operator import attrgetter
 from typing import Final
@@ -128,28 +129,34 @@ def build_trajectory(
         elif step.tool_call_id is None:
             without_id.setdefault(step.name, []).append(step)
     # Tool calls the model requested: matched to tool spans by tool-call id (never doubled), or,
-    # for tool spans that record no id, to the first unclaimed span of that name that starts
-    # after the request; when the trace has no tool spans at all, they become steps of their own.
-    requested: list[tuple[tuple[int, int, int, str], Step]] = []
+    # for tool spans that record no id, by name to the request of the turn each span runs in
+    # (``_match_by_name``); when the trace has no tool spans at all, they become steps of their own.
+    turns: _Turns | None = None
+    pending: list[tuple[NormalisedSpan, int, RequestedCall]] = []
     for s in asking:
         for n, call in enumerate(s.requested_calls):
             matched = tool_steps_by_call_id.get(call.tool_call_id or "")
             if matched is None:
-                matched = _next_unclaimed(without_id.get(call.name), s.start_ns)
-            if matched is not None:
-                if _better_args(matched, call):
-                    matched.args, matched.args_status, matched.args_source = call.args, "captured", "llm_output"
-                continue
-            if tool_steps:
-                problems.append(f"tool call {call.name!r} requested in span {s.span_id} has no tool span")
-                continue
-            step = _requested_step(s, call, results_by_call_id)
-            if depth is None:
-                depth = _depths(spans, by_id)
-            requested.append(((s.end_ns, depth[s.span_id] + 1, n, s.span_id), step))
+                pending.append((s, n, call))
+            elif _better_args(matched, call):
+                matched.args, matched.args_status, matched.args_source = call.args, "captured", "llm_output"
+    if pending and without_id:
+        turns = _Turns(spans, by_id)
+        pending = _match_by_name(pending, without_id, turns, problems)
+    requested: list[tuple[tuple[int, int, int, str], Step]] = []
+    for s, n, call in pending:
+        if tool_steps:
+            problems.append(f"tool call {call.name!r} requested in span {s.span_id} has no tool span")
+            continue
+        step = _requested_step(s, call, results_by_call_id)
+        if depth is None:
+            depth = _depths(spans, by_id)
+        requested.append(((s.end_ns, depth[s.span_id] + 1, n, s.span_id), step))
 
     if hidden:
-        uncovered = _uncovered_requests(hidden, tool_steps, spans, by_id)
+        if turns is None:
+            turns = _Turns(spans, by_id)
+        uncovered = _uncovered_requests(hidden, tool_steps, spans, turns)
         if uncovered:
             problems.extend(_hidden_calls_problems(uncovered))
             if complete:
@@ -226,19 +233,30 @@ def _uncovered_requests(
     hidden: list[NormalisedSpan],
     tool_steps: list[Step],
     spans: list[NormalisedSpan],
-    by_id: dict[str, NormalisedSpan],
+    turns: _Turns,
 ) -> list[NormalisedSpan]:
-    """The hidden requests nothing in the trace accounts for: no tool span starts at or after
-    the request in its trace, and the model call is not recorded a second time (a framework's
-    span around the client library's, parent or child) with the calls named."""
-    last_tool_start: dict[str, int] = {}
-    for step in tool_steps:  # in start order: the last one per trace starts last
-        last_tool_start[step.trace_id] = step.start_ns
-    late = [s for s in hidden if last_tool_start.get(s.trace_id, -1) < s.start_ns]
+    """The hidden requests nothing in the trace accounts for: no tool span of its trace starts
+    in the request's turn (once it ended, before the next model call under the same parent:
+    a tool span after that may answer the later request, and this one's calls, any tools, be
+    lost), and the model call is not recorded a second time (a framework's span around the
+    client library's, parent or child) with the calls named."""
+    tool_starts: dict[str, list[int]] = {}
+    for step in tool_steps:  # in start order
+        tool_starts.setdefault(step.trace_id, []).append(step.start_ns)
+    late: list[NormalisedSpan] = []
+    for s in hidden:
+        starts = tool_starts.get(s.trace_id)
+        i = bisect.bisect_left(starts, s.end_ns) if starts else 0
+        if not starts or i == len(starts):
+            late.append(s)
+            continue
+        after = turns.next_model_call(s)
+        if after is not None and starts[i] >= after:
+            late.append(s)
     if not late:
         return late
     named = {s.span_id for s in spans if s.kind == "llm" and s.requested_calls}
-    named_parents = {by_id[s].parent_span_id for s in named}
+    named_parents = {turns.by_id[s].parent_span_id for s in named}
     return [s for s in late if s.parent_span_id not in named and s.span_id not in named_parents]
 
 
@@ -281,7 +299,7 @@ def _hidden_calls_problems(spans: list[NormalisedSpan]) -> list[str]:
         where += f" and {len(group) - _MAX_NAMED} more" if len(group) > _MAX_NAMED else ""
         hint = CAPTURE_HINTS.get(convention) or CAPTURE_HINTS["unknown"]
         lines.append(
-            f"tool calls requested but not captured (no call names, no tool span after the request) in "
+            f"tool calls requested but not captured (no call names, no tool span in the request's turn) in "
             f"span{'s' if len(group) > 1 else ''} {where}; to capture them, {hint}"
         )
     return lines
@@ -437,14 +455,101 @@ def _span_step(s: NormalisedSpan) -> Step:
     )
 
 
-def _next_unclaimed(candidates: list[Step] | None, after_ns: int) -> Step | None:
-    """Take (remove) the first candidate that starts no earlier than the request."""
-    if not candidates:
-        return None
-    for i, step in enumerate(candidates):
-        if step.start_ns >= after_ns:
-            return candidates.pop(i)
-    return None
+class _Turns:
+    """The model calls of a trace by turn parent, in start order: an agent asks the model again
+    once the tool calls of its previous turn have returned, so a model call under the same
+    parent that starts after a request ended closes that request's turn. The turn parent is the
+    span's parent, or for a model call recorded twice (a framework's span around the client
+    library's), its outer record's parent."""
+
+    def __init__(self, spans: list[NormalisedSpan], by_id: dict[str, NormalisedSpan]) -> None:
+        self.by_id = by_id
+        self.starts: dict[str | None, list[int]] = {}
+        for s in spans:  # in start order
+            if s.kind == "llm":
+                self.starts.setdefault(self.parent(s), []).append(s.start_ns)
+
+    def parent(self, s: NormalisedSpan) -> str | None:
+        parent = s.parent_span_id
+        hops = 0
+        while parent is not None and hops <= len(self.by_id):
+            p = self.by_id.get(parent)
+            if p is None or p.kind != "llm":
+                break
+            parent = p.parent_span_id
+            hops += 1
+        return parent
+
+    def next_model_call(self, s: NormalisedSpan) -> int | None:
+        """When the first model call under ``s``'s turn parent that starts once ``s`` ended
+        starts (not ``s`` itself, were it to last no time); None if there is none."""
+        starts = self.starts.get(self.parent(s))
+        if not starts:
+            return None
+        i = bisect.bisect_left(starts, s.end_ns)
+        if s.kind == "llm" and s.start_ns == s.end_ns:
+            i += 1  # s itself, at its own end
+        return starts[i] if i < len(starts) else None
+
+
+def _match_by_name(
+    pending: list[tuple[NormalisedSpan, int, RequestedCall]],
+    without_id: dict[str, list[Step]],
+    turns: _Turns,
+    problems: list[str],
+) -> list[tuple[NormalisedSpan, int, RequestedCall]]:
+    """Matches tool spans that record no tool-call id to the requests (not matched by id) of
+    the same name, and returns the requests left unmatched, in their order. A span belongs to
+    the latest request of its name that ended before it started: an earlier one's span, if it
+    ran, ran in that earlier turn (and may be missing). The span takes that request's arguments
+    only when no other request it could answer asked for different ones: one of several calls
+    of that name in the turn (parallel calls start in any order), or of a request whose turn is
+    not over (no model call under the same parent since: another agent's, running beside).
+    Otherwise its arguments stay as the span has them, so argument checks are indeterminate
+    rather than decided on a guess."""
+    by_name: dict[str, list[int]] = {}
+    for i, (_, _, call) in enumerate(pending):
+        if call.name in without_id:
+            by_name.setdefault(call.name, []).append(i)
+    claimed: set[int] = set()
+    contested: set[int] = set()
+    for name, order in by_name.items():
+        order.sort(key=lambda i: pending[i][0].end_ns)  # stable: request order within a span
+        ends = [pending[i][0].end_ns for i in order]
+        for step in without_id[name]:  # in start order
+            cut = bisect.bisect_right(ends, step.start_ns)
+            if not cut:
+                continue  # no request of that name ended before it started
+            latest = pending[order[cut - 1]][0]
+            own: list[int] = []
+            rivals: list[int] = []
+            for i in order[:cut]:
+                if i in claimed:
+                    continue
+                s = pending[i][0]
+                if s is latest:
+                    own.append(i)
+                else:
+                    after = turns.next_model_call(s)
+                    if after is None or after > step.start_ns:
+                        rivals.append(i)
+            if not own:
+                continue  # the latest turn's calls of that name have their spans: one more
+            claimed.add(own[0])
+            call = pending[own[0]][2]
+            others = [pending[i][2] for i in own[1:] + rivals]
+            # A request an earlier span may have answered (contested) is no surer for this one.
+            if own[0] in contested or any(c.args_status != call.args_status or c.args != call.args for c in others):
+                contested.update(own)
+                contested.update(rivals)
+                where = ", ".join(sorted({pending[i][0].span_id for i in own + rivals}))
+                problems.append(
+                    f"tool span {step.span_id} ({name}) records no tool-call id and may answer more than one "
+                    f"request (in span(s) {where}): its arguments are not taken from any"
+                )
+            elif _better_args(step, call):
+                step.args, step.args_status, step.args_source = call.args, "captured", "llm_output"
+    return [p for i, p in enumerate(pending) if i not in claimed]
 
 
 def _better_args(step: Step, call: RequestedCall) -> bool:
