@@ -23,6 +23,8 @@ request or per trajectory is spread over more steps):
     cannot rule a ``precedes`` out, so it is checked again as the trace grows);
   - CEL: ``size(steps.filter(s, s.kind == 'tool')) > 0`` on the trajectory, per step;
   - arg_equals from an earlier step (every other step a call it checks), per step;
+  - building a trajectory whose tool spans record no tool-call id (each matched by name to the
+    request of its turn), per span;
   - Assembler.due: milliseconds per tick with that many idle traces waiting for their root.
 """
 
@@ -42,7 +44,7 @@ import cel
 
 from otel_plumb.assemble import Assembler, AssemblyLimits, build_trajectory
 from otel_plumb.check import CompiledPolicy, load_policy
-from otel_plumb.model import NormalisedSpan, SpanRecord, Trajectory
+from otel_plumb.model import NormalisedSpan, RequestedCall, SpanRecord, Trajectory
 from otel_plumb.model.span import STATUS_ERROR
 from otel_plumb.normalise import normalise
 
@@ -239,6 +241,26 @@ def _trajectory(n: int) -> Trajectory:
     return build_trajectory("t", spans)
 
 
+def _match_by_name_us_per_span(n: int) -> float:
+    """CPU per span of building a trajectory of ``n`` spans in turns of a model call requesting
+    one tool call and a tool span that records no tool-call id (matched to its request by name)."""
+    spans = [NormalisedSpan(trace_id="t", span_id="r", parent_span_id=None, span_name="a", start_ns=0,
+                            end_ns=n * 1000 + 1000, kind="agent", name="a", convention="bench")]  # fmt: skip
+    for i in range(1, n, 2):
+        call = RequestedCall("issue_refund", {"order_id": f"O-{i}"}, "captured", None)
+        spans.append(NormalisedSpan(trace_id="t", span_id=f"m{i}", parent_span_id="r", span_name="chat",
+                                    start_ns=i * 1000, end_ns=i * 1000 + 400, kind="llm", name="chat",
+                                    convention="bench", requested_calls=(call,)))  # fmt: skip
+        spans.append(NormalisedSpan(trace_id="t", span_id=f"s{i}", parent_span_id="r", span_name="issue_refund",
+                                    start_ns=i * 1000 + 500, end_ns=i * 1000 + 900, kind="tool",
+                                    name="issue_refund", convention="bench"))  # fmt: skip
+    times = max(1, 5000 // len(spans))
+    t0 = time.process_time()
+    for _ in range(times):
+        build_trajectory("t", spans)
+    return (time.process_time() - t0) / (len(spans) * times) * 1e6
+
+
 def _evaluate_us_per_step(policy: CompiledPolicy, trajectory: Trajectory) -> float:
     """CPU per step of evaluating ``policy`` (over 5,000 steps at least: repeated on small ones)."""
     times = max(1, 5000 // len(trajectory.steps))
@@ -292,6 +314,8 @@ def sweep(repeat: int) -> None:
         for name, only in (("CEL steps.filter", cel_only), ("arg_equals from a step", arg_only)):
             points = [(n, median(lambda n=n, p=only: _evaluate_us_per_step(p, trajectories[n]))) for n in sizes]
             rows.append((name, "us/step", points))
+        rows.append(("tool spans matched by name", "us/span",
+                     [(n, median(lambda n=n: _match_by_name_us_per_span(n))) for n in sizes]))  # fmt: skip
     finally:
         gc.enable()
     rows.append(("Assembler tick", "ms/tick", [(n, median(lambda n=n: _tick_ms(n))) for n in (1000, 10_000, 50_000)]))

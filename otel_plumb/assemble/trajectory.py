@@ -516,23 +516,34 @@ def _match_by_name(
     for name, order in by_name.items():
         order.sort(key=lambda i: pending[i][0].end_ns)  # stable: request order within a span
         ends = [pending[i][0].end_ns for i in order]
+        # Requests ended before the span at hand, neither claimed nor in a turn over before it
+        # started: spans come in start order, so a request claimed or closed stays out, and each
+        # request is looked at O(1) times in a sequence of turns (not once per later span).
+        open_requests: list[int] = []
+        added = 0
         for step in without_id[name]:  # in start order
             cut = bisect.bisect_right(ends, step.start_ns)
             if not cut:
                 continue  # no request of that name ended before it started
+            open_requests.extend(order[added:cut])
+            added = max(added, cut)
             latest = pending[order[cut - 1]][0]
             own: list[int] = []
             rivals: list[int] = []
-            for i in order[:cut]:
+            still_open: list[int] = []
+            for i in open_requests:
                 if i in claimed:
                     continue
                 s = pending[i][0]
                 if s is latest:
                     own.append(i)
+                    still_open.append(i)
                 else:
                     after = turns.next_model_call(s)
                     if after is None or after > step.start_ns:
                         rivals.append(i)
+                        still_open.append(i)
+            open_requests = still_open
             if not own:
                 continue  # the latest turn's calls of that name have their spans: one more
             claimed.add(own[0])
