@@ -61,6 +61,25 @@ def _decision_seconds(exposition: bytes) -> tuple[list[str], float]:
     return kept, total[0]
 
 
+def _latency_histograms() -> tuple[Metrics, DecisionCounts, CollectorRegistry, Histogram]:
+    """The processor's metrics and decision counts, and prometheus-client's own Histogram of the
+    same name in a registry of its own, to compare their expositions."""
+    metrics = Metrics()
+    registry = CollectorRegistry()
+    expected = Histogram(
+        "plumb_trajectory_decision_seconds", metrics.decision_seconds.documentation, buckets=DECISION_BUCKETS,
+        registry=registry,
+    )  # fmt: skip
+    return metrics, DecisionCounts(lambda _: False), registry, expected
+
+
+def _decide(counts: DecisionCounts, expected: Histogram, n: int, seconds: float, trace_id: str) -> None:
+    """One final decision ``seconds`` after its last span, counted and observed by the library."""
+    trajectory = Trajectory(key=f"k{n}", trace_ids=[trace_id], steps=[], complete=True)
+    counts.final(Decided(trajectory, [], [], "pass", "final"), [], seconds)
+    expected.observe(seconds, exemplar={"trace_id": trace_id} if trace_id else None)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(
@@ -73,19 +92,11 @@ def test_decision_latencies_added_per_batch_expose_what_observing_each_would(bat
     OpenMetrics expositions prometheus-client's own Histogram gives when it observes each
     decision with its exemplar: buckets (values on a bound included), count, exemplars, and the
     sum but for rounding (a batch's latencies are summed before they are added to it)."""
-    metrics, counts = Metrics(), DecisionCounts(lambda _: False)
-    registry = CollectorRegistry()
-    expected = Histogram(
-        "plumb_trajectory_decision_seconds", metrics.decision_seconds.documentation, buckets=DECISION_BUCKETS,
-        registry=registry,
-    )  # fmt: skip
+    metrics, counts, registry, expected = _latency_histograms()
     n = 0
     for batch in batches:
         for seconds, has_trace in batch:
-            trace_id = f"{n:032x}" if has_trace else ""
-            trajectory = Trajectory(key=f"k{n}", trace_ids=[trace_id], steps=[], complete=True)
-            counts.final(Decided(trajectory, [], [], "pass", "final"), [], seconds)
-            expected.observe(seconds, exemplar={"trace_id": trace_id} if has_trace else None)
+            _decide(counts, expected, n, seconds, f"{n:032x}" if has_trace else "")
             n += 1
         metrics.add(counts)
     for render in (generate_latest, generate_openmetrics):
@@ -103,16 +114,9 @@ def test_decision_latency_histogram_has_a_created_series_as_the_library_says(cre
     was = prometheus_metrics._use_created
     (enable_created_metrics if created else disable_created_metrics)()
     try:
-        metrics, counts = Metrics(), DecisionCounts(lambda _: False)
-        registry = CollectorRegistry()
-        expected = Histogram(
-            "plumb_trajectory_decision_seconds", metrics.decision_seconds.documentation, buckets=DECISION_BUCKETS,
-            registry=registry,
-        )  # fmt: skip
+        metrics, counts, registry, expected = _latency_histograms()
         for n, seconds in enumerate((0.01, 5.0, 400.0)):
-            trajectory = Trajectory(key=f"k{n}", trace_ids=[f"{n:032x}"], steps=[], complete=True)
-            counts.final(Decided(trajectory, [], [], "pass", "final"), [], seconds)
-            expected.observe(seconds, exemplar={"trace_id": f"{n:032x}"})
+            _decide(counts, expected, n, seconds, f"{n:032x}")
         metrics.add(counts)
         for render in (generate_latest, generate_openmetrics):
             lines, _ = _decision_seconds(render(metrics.registry))

@@ -74,6 +74,19 @@ def _send(port: int) -> dict[str, object]:
     return dict(sent_spans(memory))
 
 
+async def _restart_cutting_open_traces_short(
+    tmp_path: Path, endpoint: str
+) -> tuple[subprocess.Popen[str], dict[str, int], list[str]]:
+    """The processor again on the same state directory, with max_wait 1s: a trace still open
+    when the last one stopped is cut short (indeterminate, still exported)."""
+    return await asyncio.to_thread(start_cli, _args(tmp_path, "200ms", endpoint, max_wait="1s"))
+
+
+def _assert_each_once(backend: OtlpBackend, sent: set[bytes]) -> None:
+    counts = Counter(s.span_id for s in backend.spans())
+    assert set(counts) == sent and set(counts.values()) == {1}, "every span exactly once"
+
+
 async def _stop(proc: subprocess.Popen[str], sig: signal.Signals) -> int:
     proc.send_signal(sig)
     return await asyncio.to_thread(proc.wait, 20)
@@ -163,15 +176,13 @@ async def test_sigkill_with_trajectories_in_flight_loses_nothing_acknowledged(tm
         )
         assert await _stop(proc, signal.SIGKILL) == -signal.SIGKILL
         await backend.start(port)
-        # After the restart the open trace is cut short by max_wait: indeterminate, still exported.
-        proc, ports, log = await asyncio.to_thread(start_cli, _args(tmp_path, "200ms", endpoint, max_wait="1s"))
+        proc, ports, log = await _restart_cutting_open_traces_short(tmp_path, endpoint)
         await wait_until(lambda: backend.span_count >= len(sent), 15, "queue and journal delivered")
         assert await _stop(proc, signal.SIGTERM) == 0, "".join(log)
     finally:
         proc.kill()
         await backend.stop()
-    counts = Counter(s.span_id for s in backend.spans())
-    assert set(counts) == sent and set(counts.values()) == {1}, "every span exactly once"
+    _assert_each_once(backend, sent)
     verdicts = [attribute(s, "plumb.verdict") for s in backend.spans() if attribute(s, "plumb.verdict")]
     # The policy applies to services "ap-*" only: these trajectories are unchecked, never "conformant".
     assert sorted(verdicts) == ["unchecked"] * 4
@@ -244,17 +255,13 @@ async def test_a_journaled_resend_replayed_after_sigkill_is_a_duplicate(tmp_path
             lambda: metric(scrape(ports["metrics"]), "plumb_traces_in_flight") == 1, 10, "the open trace buffered"
         )
         assert await _stop(proc, signal.SIGKILL) == -signal.SIGKILL
-        # After the restart the open trace is cut short by max_wait: indeterminate, still exported.
-        proc, ports, log = await asyncio.to_thread(
-            start_cli, _args(tmp_path, "200ms", backend.endpoint, max_wait="1s")
-        )  # fmt: skip
+        proc, ports, log = await _restart_cutting_open_traces_short(tmp_path, backend.endpoint)
         await wait_until(lambda: backend.span_count >= len(sent), 15, "the open trace decided and forwarded")
         assert await _stop(proc, signal.SIGTERM) == 0, "".join(log)
     finally:
         proc.kill()
         await backend.stop()
-    counts = Counter(s.span_id for s in backend.spans())
-    assert set(counts) == sent and set(counts.values()) == {1}, "every span exactly once"
+    _assert_each_once(backend, sent)
     assert sorted(len(r["steps"]) for r in _verdict_log(tmp_path)) == [2, 4], "each trace decided once"
 
 

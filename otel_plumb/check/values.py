@@ -67,21 +67,29 @@ def lookup(value: Any, path: tuple[PathSegment, ...]) -> Any:
                 cur = parse_json(cur)  # what a verdict quotes must be valid text
             except (ValueError, RecursionError):
                 return MISSING
-        if isinstance(cur, dict):
-            if seg in cur:
-                cur = cur[seg]
-            elif isinstance(seg, int) and str(seg) in cur:
-                cur = cur[str(seg)]
-            else:
-                return MISSING
-        elif isinstance(cur, (list, tuple)) and isinstance(seg, int):
-            if -len(cur) <= seg < len(cur):
-                cur = cur[seg]
-            else:
-                return MISSING
-        else:
+        cur = _step(cur, seg)
+        if cur is MISSING or cur is _NO_FIELDS:
             return MISSING
     return cur
+
+
+# What ``_step`` gives for a value that has no fields or items to step into.
+_NO_FIELDS: Final = object()
+
+
+def _step(cur: Any, seg: PathSegment) -> Any:
+    """The value at one segment of a path in ``cur``: a field of a mapping (an int segment also
+    as its digits), an item of a list; ``MISSING`` when the mapping or list lacks it,
+    ``_NO_FIELDS`` when ``cur`` is neither (or a list read by name)."""
+    if isinstance(cur, dict):
+        if seg in cur:
+            return cur[seg]
+        if isinstance(seg, int) and str(seg) in cur:
+            return cur[str(seg)]
+        return MISSING
+    if isinstance(cur, (list, tuple)) and isinstance(seg, int):
+        return cur[seg] if -len(cur) <= seg < len(cur) else MISSING
+    return _NO_FIELDS
 
 
 class Unreadable:
@@ -125,22 +133,12 @@ def read_argument(args: Any, path: tuple[PathSegment, ...]) -> Any:
                 if depth == 0:
                     return Unreadable(f"the arguments are text, not named arguments ({_excerpt(cur)})")
                 return MISSING  # plain text: it has no fields
-        if isinstance(cur, dict):
-            if seg in cur:
-                cur = cur[seg]
-            elif isinstance(seg, int) and str(seg) in cur:
-                cur = cur[str(seg)]
-            else:
-                return MISSING
-        elif isinstance(cur, (list, tuple)) and isinstance(seg, int):
-            if -len(cur) <= seg < len(cur):
-                cur = cur[seg]
-            else:
-                return MISSING
-        elif depth == 0:
-            return Unreadable(f"the arguments are {_kind(cur)}, not named arguments")
-        else:
+        found_at = _step(cur, seg)
+        if found_at is _NO_FIELDS:
+            return Unreadable(f"the arguments are {_kind(cur)}, not named arguments") if depth == 0 else MISSING
+        if found_at is MISSING:
             return MISSING
+        cur = found_at
     found = stand_in_within(cur)
     return cur if found is None else Unreadable(f"{_path_text(path)}{found[0]} is {found[1]}")
 
