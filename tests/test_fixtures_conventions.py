@@ -286,6 +286,24 @@ def test_results_in_content_blocks_are_unwrapped(name):
     assert lookup.result == {"invoice_id": "INV-1042", "amount": 120.5, "currency": "EUR", "status": "open"}
 
 
+@pytest.mark.parametrize(
+    "marks", [{"result": True}, {"mcp.tool.result.is_error": True}, {"mcp.tool.result.is_error": "true"}]
+)
+def test_an_mcp_call_whose_result_says_is_error_failed_without_error_type(marks):
+    """MCP reports a tool's failure in its CallToolResult (``isError``), not as a protocol error:
+    without ``error.type`` the call still failed (must_call is not met by it, never_call not
+    broken by it)."""
+    _, spans = load("mcp")
+    failed = next(s for s in spans if "error.type" in s.attributes)
+    del failed.attributes["error.type"]
+    if "result" not in marks:  # the recorded result without its isError, the flag elsewhere
+        result = json.loads(failed.attributes["gen_ai.tool.call.result"])
+        del result["isError"]
+        failed.attributes["gen_ai.tool.call.result"] = json.dumps(result)
+        failed.attributes.update(marks)
+    assert [s.error for s in trajectory(spans).tool_steps] == [None, "tool returned isError", None]
+
+
 def test_mcp_sdk_spans_name_tools_and_failures_but_carry_no_arguments():
     _, spans = load("mcp_sdk")
     t = trajectory(spans)

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 from otel_plumb.model.span import SpanRecord
@@ -50,9 +51,29 @@ def read_mcp(span: SpanRecord, out: NormalisedSpan) -> None:
         flat = {k[len(_MCP_ARG_PREFIX) :]: v for k, v in a.items() if k.startswith(_MCP_ARG_PREFIX)}
         if flat:
             set_args(out, {k: _arg_value(v) for k, v in flat.items()}, _MCP_ARG_PREFIX + "*")
-    set_first_result(out, a, ("gen_ai.tool.call.result", "mcp.tool.result.content"))
-    if a.get("mcp.tool.result.is_error") is True and out.error is None:
+    set_first_result(out, a, _MCP_RESULT_KEYS)
+    if out.error is None and (_is_true(a.get("mcp.tool.result.is_error")) or _result_is_error(a)):
         out.error = error_of(span) or "tool returned isError"
+
+
+# Where the tool's CallToolResult is recorded, first found first.
+_MCP_RESULT_KEYS: Final[tuple[str, ...]] = ("gen_ai.tool.call.result", "mcp.tool.result.content")
+
+
+def _is_true(value: object) -> bool:
+    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
+
+
+def _result_is_error(a: Mapping[str, object]) -> bool:
+    """The recorded CallToolResult says the call failed (``"isError": true``): MCP reports a
+    tool's failure in its result, not as a protocol error, and an instrumentation may record
+    no ``error.type`` for it."""
+    for key in _MCP_RESULT_KEYS:
+        raw = a.get(key)
+        if raw is not None:
+            d = decode(raw)
+            return d.status == "captured" and isinstance(d.value, dict) and _is_true(d.value.get("isError"))
+    return False
 
 
 def _arg_value(value: object) -> object:
