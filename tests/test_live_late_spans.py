@@ -10,13 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.trace import set_span_in_context
 from test_live_support import config, metric, scrape, wait_until, watch_records
 
+from otel_plumb.demo.backend import OtlpBackend
+from otel_plumb.export.otlp import StorageError
 from otel_plumb.processor import Processor
+from otel_plumb.receive.otlp import ReceivedRequest
 
 POLICY = """
 policy: checks
@@ -102,3 +106,50 @@ async def test_a_failure_no_late_span_clears_is_reported_after_the_wait(tmp_path
     assert [v["invariant"] for v in records[0]["verdicts"] if v["verdict"] == "fail"] == ["dup-check"]
     assert metric(text, "plumb_violations_total", invariant="dup-check") == 1
     assert metric(text, "plumb_confirm_waits_total", kind="final", outcome="stood") == 1
+
+
+async def test_a_late_span_of_a_trace_evicted_earlier_in_its_request_survives_a_storage_failure(
+    tmp_path: Path,
+) -> None:
+    """One request: a span of trace T, spans of two other traces (T is evicted to make room:
+    max_traces 2), then another span of T, late. The late span goes out in the same write as
+    T's decision. Storage fails for every write after that one and still fails at shutdown; the
+    next start replays the journaled request: every span reaches the backend once."""
+    backend = OtlpBackend()
+    await backend.start(0)
+    request = ExportTraceServiceRequest()
+    trace_ids = [bytes([n]) * 16 for n in (1, 2, 3, 1)]  # T, X, Y, T again
+    for n, trace_id in enumerate(trace_ids):
+        rs = request.resource_spans.add()
+        rs.resource.attributes.add(key="service.name").value.string_value = "svc"
+        rs.scope_spans.add().spans.add(
+            trace_id=trace_id, span_id=bytes([n + 1]) * 8, name=f"span {n}", start_time_unix_nano=1_000,
+            end_time_unix_nano=2_000,
+        )  # fmt: skip
+    sent = {bytes([n + 1]) * 8 for n in range(4)}
+    cfg = config(tmp_path, backend.endpoint, assembly={"max_traces": 2, "confirm_wait": 0})
+    processor = Processor(cfg)
+    await processor.start()
+    writes = 0
+    submit = processor.exporter.submit  # type: ignore[union-attr]
+
+    async def filling_up(*args: Any, **kwargs: Any) -> None:
+        nonlocal writes
+        writes += 1
+        if writes > 1:  # the disk is full from the second write on
+            raise StorageError("queue", OSError(28, "No space left on device"))
+        await submit(*args, **kwargs)
+
+    processor.exporter.submit = filling_up  # type: ignore[union-attr,method-assign]
+    try:
+        await processor.ingest(ReceivedRequest.parse(request.SerializeToString()), "grpc")
+    finally:
+        await processor.stop(1.0)  # the other traces are held: storage still fails
+    processor = Processor(cfg)
+    await processor.start()  # the journal replays the request
+    try:
+        await wait_until(lambda: {s.span_id for s in backend.spans()} == sent, 15, "every span forwarded")
+    finally:
+        await processor.stop()
+        await backend.stop()
+    assert sorted(s.span_id for s in backend.spans()) == sorted(sent), "each span once"

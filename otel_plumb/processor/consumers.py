@@ -42,6 +42,9 @@ class Decision:
     latency_s: float = 0.0
     # Failures not already reported early (so each violation is counted once).
     new_failures: list[Verdict] = field(default_factory=list)
+    # Late spans of the trajectory's traces from the request that let them go, forwarded with
+    # the payloads, unannotated (``Processor._take``).
+    late: list[Forwarded] = field(default_factory=list)
     # The decision as it may leave the process, and the replacements that made it (set by the
     # processor when redaction is configured; the export scrubs forwarded spans with the same).
     redacted: Decided | None = None

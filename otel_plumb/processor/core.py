@@ -574,17 +574,20 @@ class Processor:
                 if found is not None:
                     early.append(found)
         finished = intake.ready()
+        if self._forward_scrub is not None and self._annotate:
+            for payload in (*spans.late, *spans.unchecked):
+                redact_forwarded(payload, self._forward_scrub.text)
+        late, with_trace = spans.late, _late_of(spans.late, finished) if self._annotate else {}
+        if with_trace:
+            late = [payload for payload in late if payload.trace_id not in with_trace]
         if early or finished:
             async with self._decide_lock:
                 if early:
                     await self._consume(early)
                 if finished:
-                    await self._decide(finished)
-        if self._forward_scrub is not None and self._annotate:
-            for payload in (*spans.late, *spans.unchecked):
-                redact_forwarded(payload, self._forward_scrub.text)
-        if spans.late and self._annotate:
-            await self._submit(spans.late)
+                    await self._decide(finished, late=with_trace)
+        if late and self._annotate:
+            await self._submit(late)
         if spans.unchecked and self._annotate:
             await self._submit(spans.unchecked, whole_traces=False)
         if journal_id and journal_id not in self._journal_pending and self.exporter is not None:
@@ -677,20 +680,26 @@ class Processor:
                 partial.key = task
         return Decision(Decided(partial, new, applied, "violating", "early"))
 
-    async def _decide(self, finished: Iterable[Finished], *, confirm: bool = True) -> None:
+    async def _decide(
+        self, finished: Iterable[Finished], *, confirm: bool = True, late: dict[str, list[Forwarded]] | None = None
+    ) -> None:
         """Check each finished trajectory and hand the decisions to every consumer. With
         ``confirm`` (not when draining), a complete trace whose verdict a late span could change
         (``late_span_could_change``) waits ``confirm_wait`` for one first
-        (``Assembler.wait_for_late_spans``)."""
+        (``Assembler.wait_for_late_spans``). ``late``: by trace, late spans of the same request
+        (see ``_late_of``), forwarded with their trace's spans, unannotated."""
         now = time.monotonic()
         decisions: list[Decision] = []
+        left: list[Forwarded] = []
         for f in finished:
             confirming = confirm and self._confirm and f.complete and not f.waited
             trajectory = self.intake.trajectory(f, keep_marks=confirming, names_tool=self._names_tool)
             decided = decide(self.policies, trajectory)
+            with_it = [payload for t in f.trace_ids for payload in late.pop(t, ())] if late else []
             if confirming:
                 if late_span_could_change(self.policies, decided) and self.intake.wait_for_late_spans(f, now):
                     self._waited[f.key] = _verdict_of(decided)
+                    left += with_it  # forwarded now, as late spans are
                     continue  # undecided: nothing of it is counted, emitted or let go yet
                 self.intake.forget_marks(f)
             elif f.waited:  # did a span in the wait change its verdict?
@@ -704,7 +713,9 @@ class Processor:
                 self._rooted.discard(t)
                 self._early_state.pop(t, None)
             new_failures = [v for v in decided.failures if (v.policy, v.invariant) not in early]
-            decisions.append(Decision(decided, cast("list[Forwarded]", f.payloads), now - f.last_span_at, new_failures))
+            decisions.append(
+                Decision(decided, cast("list[Forwarded]", f.payloads), now - f.last_span_at, new_failures, late=with_it)
+            )
             for t in f.trace_ids:
                 tombstone = self.intake.tombstone(t)
                 if tombstone is not None:  # its late spans report only what this did not
@@ -716,6 +727,8 @@ class Processor:
         self.metrics.buffered_bytes.set(self.intake.bytes_buffered)
         self._note_evictions()
         await self._consume(decisions)
+        if left:
+            await self._submit(left)
 
     def _note_evictions(self) -> None:
         """Count the traces let go before they completed, and log them at most once per
@@ -966,6 +979,7 @@ class _ExportConsumer:
                 if decided.is_agent_run:
                     annotate(d.payloads, t, decided.status, decided.policies, decided.verdicts, p._annotation_chars)
                 out.extend(d.payloads)
+                out.extend(d.late)
             else:
                 forwarded.extend(d.payloads)
                 if t.trace_id:
@@ -980,6 +994,21 @@ class _ExportConsumer:
                 [(request.SerializeToString(), 1) for request in verdict_spans],
                 [(tid, at, ids) for tid, ids in span_ids_by_trace(forwarded)],
             )  # fmt: skip
+
+
+def _late_of(late: list[Forwarded], finished: list[Finished]) -> dict[str, list[Forwarded]]:
+    """The late spans of traces let go earlier in the same request (evicted to make room), by
+    trace. They go out in the same write as their trace: that write marks the trace done for
+    the request, so a crash between two writes would leave them out of the queue and of the
+    journal's replay alike."""
+    if not late or not finished:
+        return {}
+    let_go = {tid for f in finished for tid in f.trace_ids}
+    out: dict[str, list[Forwarded]] = {}
+    for payload in late:
+        if payload.trace_id in let_go:
+            out.setdefault(payload.trace_id, []).append(payload)
+    return out
 
 
 def _set_tenant(records: list[SpanRecord | UnreadSpan], tenant: str) -> None:
