@@ -314,9 +314,6 @@ def add_tool_results(out: NormalisedSpan, results: Mapping[str, Any]) -> None:
     same result captured in another."""
     if not results:
         return
-    if not out.tool_results:
-        out.tool_results = dict(results)
-        return
     merged = dict(out.tool_results)
     merge_tool_results(merged, results)
     out.tool_results = merged

@@ -66,7 +66,8 @@ def _read_events_attribute(out: NormalisedSpan, raw: Any) -> None:
             out.requested_calls += tuple(messages.requested_calls(event))
         elif name == "gen_ai.tool.message":
             call_id = as_str(event.get("id"))
-            result = given_result(event.get("content")) if call_id is not None else ABSENT
-            if call_id is not None and result is not ABSENT:
-                results[call_id] = result
+            if call_id is not None:
+                result = given_result(event.get("content"))
+                if result is not ABSENT:
+                    results[call_id] = result
     add_tool_results(out, results)

@@ -577,9 +577,7 @@ class Processor:
         if self._forward_scrub is not None and self._annotate:
             for payload in (*spans.late, *spans.unchecked):
                 redact_forwarded(payload, self._forward_scrub.text)
-        late, with_trace = spans.late, _late_of(spans.late, finished) if self._annotate else {}
-        if with_trace:
-            late = [payload for payload in late if payload.trace_id not in with_trace]
+        late, with_trace = _late_of(spans.late, finished) if self._annotate else (spans.late, {})
         if early or finished:
             async with self._decide_lock:
                 if early:
@@ -996,19 +994,24 @@ class _ExportConsumer:
             )  # fmt: skip
 
 
-def _late_of(late: list[Forwarded], finished: list[Finished]) -> dict[str, list[Forwarded]]:
-    """The late spans of traces let go earlier in the same request (evicted to make room), by
-    trace. They go out in the same write as their trace: that write marks the trace done for
-    the request, so a crash between two writes would leave them out of the queue and of the
-    journal's replay alike."""
+def _late_of(
+    late: list[Forwarded], finished: list[Finished]
+) -> tuple[list[Forwarded], dict[str, list[Forwarded]]]:
+    """``late`` split: the spans to forward on their own, and by trace those of traces let go
+    earlier in the same request (evicted to make room). These go out in the same write as their
+    trace: that write marks the trace done for the request, so a crash between two writes would
+    leave them out of the queue and of the journal's replay alike."""
     if not late or not finished:
-        return {}
+        return late, {}
     let_go = {tid for f in finished for tid in f.trace_ids}
-    out: dict[str, list[Forwarded]] = {}
+    alone: list[Forwarded] = []
+    with_trace: dict[str, list[Forwarded]] = {}
     for payload in late:
         if payload.trace_id in let_go:
-            out.setdefault(payload.trace_id, []).append(payload)
-    return out
+            with_trace.setdefault(payload.trace_id, []).append(payload)
+        else:
+            alone.append(payload)
+    return alone, with_trace
 
 
 def _set_tenant(records: list[SpanRecord | UnreadSpan], tenant: str) -> None:
