@@ -619,3 +619,45 @@ def test_whether_a_trace_is_one_tree_is_kept_as_spans_arrive(spans, max_spans):
         ids = {s.span_id for s in buf.spans}
         walked = sum(1 for s in buf.spans if s.parent_span_id not in ids) == 1
         assert buf.single_tree() == walked
+
+
+def _turn(times: list[tuple[int, int]]) -> list[str]:
+    """Tool calls c0, c1, ... asked for in that order in one model turn, run at ``times`` (start,
+    end): the order of their steps."""
+    asked = tuple(RequestedCall("t", {}, "captured", f"c{n}") for n in range(len(times)))
+    spans = [ns("r", None, 0, "agent"), ns("l", "r", 1, "llm", requested_calls=asked)]
+    for n, (start, end) in enumerate(times):
+        tool = ns(f"s{n}", "r", start, "tool", "t", tool_call_id=f"c{n}")
+        tool.end_ns = end
+        spans.append(tool)
+    return [s.tool_call_id or "" for s in build_trajectory("t1", spans).tool_steps]
+
+
+def test_parallel_calls_in_request_order_unless_their_times_say_otherwise():
+    # Started together or overlapping: the times do not say which ran first; the request does.
+    assert _turn([(20, 40), (20, 40)]) == ["c0", "c1"]
+    assert _turn([(21, 40), (20, 41)]) == ["c0", "c1"]
+    # c1 ended before c0 started: it ran first, whatever the request's order.
+    assert _turn([(30, 40), (20, 25)]) == ["c1", "c0"]
+    # Only the pairs the times order move: c2 ran before c0; c1 overlaps both.
+    assert _turn([(30, 40), (10, 35), (20, 25)]) == ["c1", "c2", "c0"]
+
+
+def _earliest_linear_extension(times: list[tuple[int, int]]) -> list[str]:
+    """The oracle: of the orders in which no call comes after one that started after it ended,
+    the first by request place, found by trying them all."""
+    import itertools
+
+    orders = [
+        p
+        for p in itertools.permutations(range(len(times)))
+        if all(not times[b][1] < times[a][0] for i, a in enumerate(p) for b in p[i + 1 :])
+    ]
+    return [f"c{n}" for n in min(orders)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(2, 40), st.integers(0, 30)), min_size=2, max_size=6))
+def test_parallel_call_order_is_the_earliest_request_order_the_times_allow(runs):
+    times = [(start, start + length) for start, length in runs]
+    assert _turn(times) == _earliest_linear_extension(times)
