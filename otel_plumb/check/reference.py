@@ -5,21 +5,30 @@ modes ``exact``, ``ignore``, ``subset``, ``superset``, per tool) and the typed c
 alignment (``check.align``), as campaigns localise divergences.
 
 The calls compared are the successful tool calls (a failed call did not happen). When the
-trajectory is incomplete, or arguments the mode compares were not captured, the verdict is
-indeterminate. Cost: O(calls + reference) for the unordered modes, O(calls x reference) for
-the alignment of ``strict`` (references are short).
+trajectory is incomplete, or arguments the mode compares were not captured, are redaction
+stand-ins or JSON text that does not decode, the verdict is indeterminate: the verdict is
+worked out with the comparisons that are certain (pass if they suffice), then counting the
+undecidable ones as matches (indeterminate if that suffices, else fail).
+
+The unordered modes pair calls with reference calls one to one by a maximum bipartite matching
+(first fit can miss a pairing that exists and report a false fail). Cost: calls x reference
+comparisons, each made once, for every mode; then O(reference x edges) for the matching (edges:
+the pairs that compare equal, at most calls x reference), or O(calls x reference) for the
+alignment of ``strict`` (references are short).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from otel_plumb.check.align import align
+from otel_plumb.check.align import AlignedPair, align
 from otel_plumb.check.checks import PASS, Check, Outcome, Run
 from otel_plumb.check.schema import ArgsMode, ReferenceMode
-from otel_plumb.check.values import MISSING, equal, plain
+from otel_plumb.check.values import MISSING, Unreadable, equal, plain, stand_in_within
 from otel_plumb.model import Step
+from otel_plumb.model.placeholders import stand_in
+from otel_plumb.model.text import parse_json
 
 
 class ReferenceCall:
@@ -57,22 +66,81 @@ def reference_calls(value: Any) -> list[ReferenceCall]:
     return out
 
 
-def args_match(mode: ArgsMode, got: Any, expected: Mapping[str, Any] | None) -> bool:
+def args_match(mode: ArgsMode, got: Any, expected: Mapping[str, Any] | None) -> bool | Unreadable:
     """agentevals' argument modes: ``exact`` the same keys and values; ``subset`` every key of
     the call is in the reference with an equal value; ``superset`` every key of the reference is
-    in the call with an equal value; ``ignore`` names only. A reference without args matches any."""
+    in the call with an equal value; ``ignore`` names only. A reference without args matches any.
+
+    ``Unreadable`` when the data cannot say: a value the mode compares is or holds a stand-in
+    (``model.placeholders``), or the arguments are not readable as named arguments (a stand-in,
+    JSON text that does not decode, text). A certain mismatch elsewhere still decides (False)."""
     if mode == "ignore" or expected is None:
         return True
-    if not isinstance(got, Mapping):
-        return False
-    def same(k: str) -> bool:
-        return k in got and k in expected and equal(got[k], expected[k])
+    named = _named_args(got)
+    if isinstance(named, Unreadable):
+        return named
+    if mode == "exact" and set(named) != set(expected):
+        return False  # the keys are there to see, whatever their values
+    unknown: Unreadable | None = None
+    for k in expected if mode == "superset" else named:
+        if k not in named or k not in expected:
+            return False
+        found = stand_in_within(named[k])
+        if found is not None:
+            unknown = unknown or Unreadable(f"{k}{found[0]} is {found[1]}")
+        elif not equal(named[k], expected[k]):
+            return False
+    return unknown or True
 
-    if mode == "exact":
-        return set(got) == set(expected) and all(same(k) for k in got)
-    if mode == "subset":
-        return all(same(k) for k in got)
-    return all(same(k) for k in expected)
+
+def _named_args(got: Any) -> Mapping[str, Any] | Unreadable:
+    """The call's arguments as a mapping (JSON text decoded, twice-encoded too), or why they
+    cannot be read as one: a stand-in, JSON text that does not decode (cut off), or no named
+    arguments at all (text, a list: what names they went by is unknown), as ``read_argument``
+    reads them."""
+    while isinstance(got, str):
+        try:
+            got = parse_json(got)
+        except (ValueError, RecursionError):
+            why = stand_in(got)
+            if why is not None:
+                return Unreadable(f"the arguments are {why}")
+            if got.lstrip()[:1] in ("{", "[", '"'):
+                return Unreadable(f"the arguments are JSON text that does not decode, cut off perhaps ({got[:40]!r})")
+            return Unreadable(f"the arguments are text, not named arguments ({got[:40]!r})")
+    if isinstance(got, Mapping):
+        return got
+    return Unreadable(f"the arguments are not named arguments: {repr(got)[:40]}")
+
+
+def _max_matching(edges: Sequence[Sequence[int]], calls: int) -> list[int | None]:
+    """A maximum matching of reference calls (``edges[i]``: the calls reference call ``i`` may
+    pair with) to ``calls`` calls: the reference call paired with each call, or None. Kuhn's
+    augmenting paths from each reference call, O(len(edges) x edges); depth-first with an
+    explicit stack, so a long reference cannot exhaust Python's recursion."""
+    owner: list[int | None] = [None] * calls
+    # The reference calls with the fewest choices first: a paired one stays paired, so one left
+    # over (and reported missing) is one that had more, a name-only call rather than a(x=1).
+    for root in sorted(range(len(edges)), key=lambda i: len(edges[i])):
+        seen: set[int] = set()
+        path: list[tuple[int, Iterator[int]]] = [(root, iter(edges[root]))]  # reference calls
+        through: list[int] = []  # the call by which each reference call after the root was reached
+        while path:
+            j = next((j for j in path[-1][1] if j not in seen), None)
+            if j is None:  # a dead end: back up
+                path.pop()
+                if through:
+                    through.pop()
+                continue
+            seen.add(j)
+            holder = owner[j]
+            if holder is None:  # a free call: shift every pairing along the path by one
+                for (i, _), c in zip(path, [*through, j], strict=True):
+                    owner[c] = i
+                break
+            through.append(j)
+            path.append((holder, iter(edges[holder])))
+    return owner
 
 
 class MatchesReference(Check):
@@ -101,44 +169,70 @@ class MatchesReference(Check):
                                "so they cannot be compared with the reference")  # fmt: skip
         expected = [repr(r) for r in reference]
         got = [s.name for s in calls]
+        # Every comparison once: True, False, or Unreadable (cannot say).
+        fit = [[r.name == s.name and args_match(self._args_mode(s.name), s.args, r.args) for s in calls]
+               for r in reference]  # fmt: skip
 
-        def same(r: ReferenceCall, s: Step) -> bool:
-            return r.name == s.name and args_match(self._args_mode(s.name), s.args, r.args)
+        def edge(i: int, j: int, certain: bool) -> bool:
+            """Whether reference call i and call j pair: surely, or unless the data cannot say."""
+            return fit[i][j] is True if certain else fit[i][j] is not False
 
+        def unsure(i: int, j: int) -> Outcome:
+            why = fit[i][j]
+            assert isinstance(why, Unreadable)
+            s = calls[j]
+            return Outcome("indeterminate", s, f"arguments of {run.where(s)} ({s.name}) cannot be compared with "
+                           f"the reference: {why.reason}", expected, got)  # fmt: skip
+
+        # Each mode is tried with the certain comparisons (pass if they do), then counting every
+        # undecidable one as a match (indeterminate if that does, else a fail that stands
+        # whatever the unseen values were, localised from that optimistic try).
         if self.mode == "strict":
-            columns = align(range(len(reference)), range(len(calls)), same=lambda i, j: same(reference[i], calls[j]))
-            for column in columns:
-                if column.kind == "match":
-                    continue
-                if column.got is None:  # skipped
-                    assert column.expected is not None
-                    message = f"the reference calls {reference[column.expected]!r} here; the trajectory does not"
-                    return Outcome("fail", None, message, expected, got)
-                step = calls[column.got]
-                if column.expected is None:
-                    message = f"{step.name} at {run.where(step)} is not in the reference"
-                else:
-                    wanted = reference[column.expected]
-                    message = f"{step.name} at {run.where(step)} where the reference calls {wanted!r}"
-                return Outcome("fail", step, message, expected, got)
+
+            def columns(certain: bool) -> list[AlignedPair]:
+                return align(range(len(reference)), range(len(calls)), same=lambda i, j: edge(i, j, certain))
+
+            if all(c.kind == "match" for c in columns(True)):
+                return PASS
+            optimistic = columns(False)
+            if all(c.kind == "match" for c in optimistic):  # call j stands for reference call j
+                return next(unsure(j, j) for j in range(len(calls)) if fit[j][j] is not True)
+            column = next(c for c in optimistic if c.kind != "match")
+            if column.got is None:  # skipped
+                assert column.expected is not None
+                message = f"the reference calls {reference[column.expected]!r} here; the trajectory does not"
+                return Outcome("fail", None, message, expected, got)
+            step = calls[column.got]
+            if column.expected is None:
+                message = f"{step.name} at {run.where(step)} is not in the reference"
+            else:
+                wanted = reference[column.expected]
+                message = f"{step.name} at {run.where(step)} where the reference calls {wanted!r}"
+            return Outcome("fail", step, message, expected, got)
+
+        # The unordered modes: pair calls with reference calls one to one, as many as can be. A
+        # maximum matching leaves the fewest calls and the fewest reference calls unpaired.
+        def pairing(certain: bool) -> tuple[list[int | None], list[int], list[int]]:
+            """The reference call paired with each call, the unpaired calls, the unpaired reference calls."""
+            edges = [[j for j in range(len(calls)) if edge(i, j, certain)] for i in range(len(reference))]
+            owner = _max_matching(edges, len(calls))
+            extra = [j for j, i in enumerate(owner) if i is None]
+            paired = set(owner)
+            return owner, extra, [i for i in range(len(reference)) if i not in paired]
+
+        def enough(extra: list[int], missing: list[int]) -> bool:
+            return (self.mode == "superset" or not extra) and (self.mode == "subset" or not missing)
+
+        if enough(*pairing(True)[1:]):
             return PASS
-        # The unordered modes: match each call to an unused reference call (first fit, in order).
-        unused = list(range(len(reference)))
-        extra: Step | None = None
-        for s in calls:
-            hit = next((i for i in unused if same(reference[i], s)), None)
-            if hit is None:
-                extra = extra or s
-                continue
-            unused.remove(hit)
-        if self.mode in ("unordered", "subset") and extra is not None:
-            return Outcome("fail", extra, f"{extra.name} at {run.where(extra)} matches no call of the reference",
-                           expected, got)  # fmt: skip
-        if self.mode in ("unordered", "superset") and unused:
-            missing = [repr(reference[i]) for i in unused]
-            return Outcome("fail", None, f"the reference calls {', '.join(missing)}; the trajectory does not",
-                           expected, got)  # fmt: skip
-        return PASS
+        owner, extra, missing = pairing(False)
+        if enough(extra, missing):
+            return next(unsure(i, j) for j, i in enumerate(owner) if i is not None and fit[i][j] is not True)
+        if self.mode != "superset" and extra:
+            s = calls[extra[0]]
+            return Outcome("fail", s, f"{s.name} at {run.where(s)} matches no call of the reference", expected, got)
+        names = ", ".join(repr(reference[i]) for i in missing)
+        return Outcome("fail", None, f"the reference calls {names}; the trajectory does not", expected, got)
 
 
 def context_reference(key: str) -> Callable[[Run], tuple[list[ReferenceCall] | None, str | None]]:
