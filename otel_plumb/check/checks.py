@@ -6,6 +6,10 @@ not captured make an argument check indeterminate, never a pass; on an incomplet
 a check that a later span could still satisfy (``must_call``, ``responds``, ``call_count``
 min) is indeterminate rather than failed.
 
+A CEL expression (``arg_satisfies``, ``expr``) that may read a stand-in in trace values (a
+placeholder, a redaction marker: ``read_stand_in``) is indeterminate without being evaluated:
+it would decide on the stand-in's text, "<REDACTED>" != "boss@corp.com" a false pass.
+
 A run is *provisional* when it checks a trajectory still in flight (early verdicts): step
 indices are not final there (a span that starts earlier, the root first of all, may still
 arrive and shift every index), so its messages name a step by span id and call ordinal
@@ -31,6 +35,7 @@ from otel_plumb.check.values import (
     equal,
     plain,
     read_argument,
+    stand_in_read,
     stand_in_within,
 )
 from otel_plumb.model import Step, Trajectory, VerdictValue
@@ -72,7 +77,10 @@ class Run:
     one the policy found: a span named like one of its tools that no convention reads).
     ``budget``: what its CEL expressions may still cost (``expr.CostBudget``)."""
 
-    __slots__ = ("_calls", "_cel_steps", "budget", "complete", "ctx", "provisional", "reason", "trajectory")
+    __slots__ = (
+        "_calls", "_cel_steps", "_ctx_stand_ins", "_stand_ins", "budget", "complete", "ctx", "provisional", "reason",
+        "trajectory",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -92,6 +100,10 @@ class Run:
         self._cel_steps: dict[frozenset[str], list[dict[str, Any]]] = {}
         # Successful calls per set of tools, by step index (built once per trajectory).
         self._calls: dict[Tools, tuple[list[int], list[Step]]] = {}
+        # What ``stand_in_in_steps`` found over all the steps, per expression.
+        self._stand_ins: dict[Expression, tuple[Step, str] | None] = {}
+        # What ``ctx_stand_in`` found, per expression.
+        self._ctx_stand_ins: dict[Expression, str | None] = {}
 
     def where(self, step: Step) -> str:
         """Where ``step`` is, for a message: ``step N``, or ``span X`` while indices are provisional."""
@@ -131,6 +143,35 @@ class Run:
             return built
         by_position = {s.index: i for i, s in enumerate(self.trajectory.steps)}
         return [built[by_position[s.index]] for s in steps]
+
+    def stand_in_in_steps(self, expression: Expression, steps: Sequence[Step]) -> tuple[Step, str] | None:
+        """The first of ``steps`` holding a stand-in ``expression`` may read, and what
+        (``read_stand_in``); over all the steps once per expression, since ``arg_satisfies``
+        asks on every call."""
+        every = steps is self.trajectory.steps
+        if every and expression in self._stand_ins:
+            return self._stand_ins[expression]
+        found: tuple[Step, str] | None = None
+        if expression.value_roots:
+            for s in steps:
+                what = read_stand_in(self, expression, s)
+                if what is not None:
+                    found = (s, what)
+                    break
+        if every:
+            self._stand_ins[expression] = found
+        return found
+
+    def ctx_stand_in(self, expression: Expression) -> str | None:
+        """What of the context ``expression`` may read is a stand-in, as ``ctx.amount is a
+        redaction placeholder`` (ground truth carried on spans may be redacted on the way, as
+        any attribute); None when none is. Once per expression."""
+        if "ctx" not in expression.variables or not self.ctx:
+            return None
+        if expression not in self._ctx_stand_ins:
+            found = stand_in_read(self.ctx, expression.words, "ctx" in expression.whole_roots)
+            self._ctx_stand_ins[expression] = None if found is None else f"ctx{found[0]} is {found[1]}"
+        return self._ctx_stand_ins[expression]
 
     def cel_trajectory(self, fields: frozenset[str]) -> dict[str, Any]:
         t = self.trajectory
@@ -187,6 +228,20 @@ def _step_getters(fields: frozenset[str]) -> tuple[tuple[str, Callable[[Step], A
     return tuple((k, get) for k, get in STEP_FIELDS.items() if k in fields)
 
 
+def read_stand_in(run: Run, expression: Expression, s: Step) -> str | None:
+    """What of step ``s``'s arguments or result ``expression`` may read is a stand-in, as
+    ``send_email at step 3: args.to is a redaction placeholder``; None when none is. Read means
+    (``values.stand_in_read``): under a key the expression names, anywhere in a root it reads
+    whole (``Expression.whole_roots``), or the root itself. Only the roots it names are walked."""
+    roots = expression.value_roots
+    for root, value, status in (("args", s.args, s.args_status), ("result", s.result, s.result_status)):
+        if root in roots and status == "captured":  # not captured: CEL sees null, no stand-in
+            found = stand_in_read(value, expression.words, root in expression.whole_roots)
+            if found is not None:
+                return f"{s.name} at {run.where(s)}: {root}{found[0]} is {found[1]}"
+    return None
+
+
 def step_summary(run: Run, s: Step) -> dict[str, Any]:
     """What a verdict's ``got`` shows of a step: its index, or its span while indices are provisional."""
     out: dict[str, Any] = {"span": s.span_id} if run.provisional else {"step": s.index}
@@ -200,8 +255,6 @@ def step_summary(run: Run, s: Step) -> dict[str, Any]:
 
 def _calls(steps: Sequence[Step], tools: Tools, *, attempts: bool = False) -> list[Step]:
     return [s for s in steps if s.kind == "tool" and s.name in tools and (attempts or s.error is None)]
-
-
 
 
 class Check:
@@ -376,6 +429,7 @@ class ArgEquals(ArgumentCheck):
         tolerance: Decimal,
         *,
         from_step: bool = False,
+        from_trace: bool = False,
     ) -> None:
         super().__init__(tools, arg, path)
         self.expected = expected
@@ -383,12 +437,13 @@ class ArgEquals(ArgumentCheck):
         # Dataflow: the expected value is the last earlier call of the source tool, and on an
         # incomplete trajectory a later one may still be missing, so a mismatch is not final.
         self.final_fail = not from_step
-        self.from_step = from_step
+        # The expected value is trace data (another call's, or ground truth carried on spans):
+        # a placeholder there is no expected value.
+        self.from_trace = from_trace or from_step
 
     def check_call(self, run: Run, step: Step, value: Any) -> Outcome:
         expected, why_unknown = self.expected(run, step)
-        if why_unknown is None and self.from_step:
-            # The source call's value is trace data too: a placeholder there is no expected value.
+        if why_unknown is None and self.from_trace:
             found = stand_in_within(expected)
             if found is not None:
                 at = f" (at {found[0].lstrip('.')})" if found[0] else ""
@@ -438,6 +493,14 @@ class ArgSatisfies(ArgumentCheck):
         names = self.expression.variables
         if "result" in names and step.result_status != "captured":
             return Outcome("indeterminate", step, f"result of {run.where(step)} is {step.result_status}, not captured")
+        what = read_stand_in(run, self.expression, step) if self.expression.value_roots else None
+        if what is None and "steps" in names:
+            other = run.stand_in_in_steps(self.expression, run.steps)
+            what = other[1] if other is not None else None
+        if what is None:
+            what = run.ctx_stand_in(self.expression)
+        if what is not None:
+            return Outcome("indeterminate", step, f"{what}, which {self.expression.source} reads")
         act = run.activation(
             self.expression, run.steps, args=step.args, result=step.result,
             step=cel_step(step, self.expression.words) if "step" in names else None,
@@ -549,6 +612,13 @@ class Expr(Check):
         self.final_fail = False
 
     def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
+        if self.expression.value_roots and "steps" in self.expression.variables:
+            found = run.stand_in_in_steps(self.expression, steps)
+            if found is not None:
+                return Outcome("indeterminate", found[0], f"{found[1]}, which {self.expression.source} reads")
+        what = run.ctx_stand_in(self.expression)
+        if what is not None:
+            return Outcome("indeterminate", None, f"{what}, which {self.expression.source} reads")
         try:
             ok = self.expression.test(run.activation(self.expression, steps), run.budget)
         except BudgetExceeded as over:

@@ -19,6 +19,12 @@ The commonest bodies, a field compared with a literal (``s.kind == 'tool'``, ``s
 null``, joined by ``&&`` or by ``||``), are decided in Python for a step whose fields hold the
 literal's type (or, against null, a string, boolean or int): under 1 µs a step against 6 to 9.
 Any other step goes through the library, so the answer is always the library's.
+
+Trace values may hold stand-ins for what was sent (``"<REDACTED>"``, ``[redacted:email]``),
+and an expression that reads one decides on the stand-in's text: a false fail or a false
+pass. So ``Expression`` notes at compile which of a step's ``args`` and ``result`` it names
+(``value_roots``) and which it reads whole (``whole_roots``, see ``_whole_roots``); the checks
+then look for a stand-in it may read before evaluating (``values.stand_in_read``).
 """
 
 from __future__ import annotations
@@ -45,6 +51,17 @@ _MACRO_VARIABLE: Final = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\
 
 
 _WORD: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# ``args``, ``result`` or ``ctx`` read other than by plain field selection (``args.to``): an index
+# (``args["to"]``), a method or macro (``args.size()``, ``args.exists(k, ...)``), an argument
+# (``size(args)``, ``string(args)``) or an operand (``args == {...}``, ``'to' in args``) reads the
+# whole value, so a stand-in anywhere in it may be read whatever its key. Matched over the raw
+# source: the word inside a string literal counts too, which errs towards reading.
+_WHOLE_READ: Final = re.compile(r"\b(args|result|ctx)\b(?!\s*\.\s*[A-Za-z_][A-Za-z0-9_]*\b(?!\s*\())")
+# A comprehension's variable where it is declared, and ``size(x)``: neither reads x's values.
+_DECLARED: Final = re.compile(r"(\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*)[A-Za-z_][A-Za-z0-9_]*(?=\s*,)")
+_SIZE_OF: Final = re.compile(r"\bsize\s*\(\s*[A-Za-z_][A-Za-z0-9_]*\s*\)")
+VALUE_ROOTS: Final = frozenset({"args", "result"})
 
 # Limits on what one expression may cost. The binding has no cost or time limit of its own and
 # holds the interpreter until it returns, so the bounds are set here: nested comprehensions over
@@ -296,7 +313,8 @@ class Expression:
     """One compiled expression and the variables it reads, so callers build only those."""
 
     __slots__ = (
-        "_native", "_native_ids", "_rest", "_rest_reads", "comprehensions", "program", "source", "variables", "words",
+        "_native", "_native_ids", "_rest", "_rest_reads", "comprehensions", "program", "source", "value_roots",
+        "variables", "whole_roots", "words",
     )  # fmt: skip
 
     def __init__(self, source: str, allowed: Collection[str]) -> None:
@@ -335,6 +353,11 @@ class Expression:
         self._native, self._rest = _natives(source, self.comprehensions, allowed)
         self._native_ids = frozenset(id(n.node) for n in self._native)
         self._rest_reads = frozenset(self._rest.variables()) if self._rest is not None else frozenset[str]()
+        # Where a stand-in may hide that it reads (see the module docstring): none of it, on the
+        # hot path of an expression over the steps that names neither.
+        self.value_roots = VALUE_ROOTS & self.words
+        reads_values = self.value_roots or "ctx" in self.variables
+        self.whole_roots = _whole_roots(source, self.comprehensions) if reads_values else frozenset[str]()
 
     def cost(self, activation: dict[str, Any], budget: CostBudget) -> tuple[int, int, int]:
         """Estimated cost of one evaluation on ``activation``: (total, values converted,
@@ -424,6 +447,28 @@ class Expression:
         if not isinstance(value, bool):
             raise EvaluationError(f"expected true or false, got {value!r}")
         return value
+
+
+def _whole_roots(source: str, nodes: list[Comprehension]) -> frozenset[str]:
+    """Which of ``args``, ``result`` and ``ctx`` ``source`` may read whole (see ``_WHOLE_READ``). A step
+    map read whole (``string(step)``, ``s == t``, ``steps.map(s, s)``: ``step``, ``steps`` or a
+    variable ranging over the steps, other than by ``.``, ``[...]`` or ``size(...)``) holds both.
+    A cheap over-estimate, not a parse: a step map reached otherwise and compared whole
+    (``steps[0] == steps[1]``, ``steps.filter(...) == []``) is missed."""
+    whole = {m.group(1) for m in _WHOLE_READ.finditer(source)}
+    maps = {"step", "steps"}
+    todo = list(nodes)
+    while todo:
+        n = todo.pop()
+        todo.extend(n.children)
+        if n.root == "steps" and not n.bound:
+            declared = _MACRO_VARIABLE.match(source, n.start + len(n.range_text))
+            if declared is not None:
+                maps.add(declared.group(1))
+    code = _SIZE_OF.sub("0", _DECLARED.sub(r"\1", source))
+    if re.search(rf"(?<![.\w])(?:{'|'.join(sorted(maps))})\b(?!\s*[.\[])", code):
+        whole |= VALUE_ROOTS
+    return frozenset(whole)
 
 
 @dataclass(frozen=True, slots=True)

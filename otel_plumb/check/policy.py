@@ -214,6 +214,13 @@ class CompiledInvariant:
         if self.applies is not None and not self.applies.matches(t):
             return ck.Outcome("not_applicable", None, f"not for service {t.service!r}, agent {t.agent!r}")
         if self.guard is not None:
+            hidden = run.ctx_stand_in(self.guard)
+            if hidden is None and self.guard.value_roots and "steps" in self.guard.variables:
+                found = run.stand_in_in_steps(self.guard, t.steps)
+                hidden = found[1] if found is not None else None
+            if hidden is not None:
+                # Whether the invariant applies depends on a value the data does not hold.
+                return ck.Outcome("indeterminate", None, f"when {self.guard.source}: {hidden}, which it reads")
             try:
                 active = self.guard.test(run.activation(self.guard, t.steps), run.budget)
             except BudgetExceeded as over:
@@ -571,7 +578,7 @@ def _compile_invariant(
         a = inv.arg_equals
         check = ck.ArgEquals(
             _tools(a.tool), a.arg, path(a.arg, (*here, "arg")), _expected_source(a, lambda t, k: path(t, (*here, k))),
-            a.compare, a.tolerance, from_step=a.step is not None,
+            a.compare, a.tolerance, from_step=a.step is not None, from_trace=a.context is not None,
         )  # fmt: skip
     elif inv.arg_matches is not None:
         m = inv.arg_matches

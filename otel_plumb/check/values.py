@@ -3,6 +3,10 @@
 Numbers compare numerically, as ``Decimal`` so ``0.1 + 0.2`` noise never decides a payment;
 strings holding numbers count as numbers. Text compares after Unicode NFC, trimming,
 whitespace collapsing and case folding, unless ``compare: exact``.
+
+A stand-in (a placeholder or redaction marker) is no value: ``read_argument`` gives
+``Unreadable`` for one on a path, and ``stand_in_read`` finds one a CEL expression may read
+(the expression would otherwise decide on the stand-in's text: a false fail or a false pass).
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from collections.abc import Hashable
+from collections.abc import Collection, Hashable
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final, Literal
 
@@ -151,19 +155,48 @@ def stand_in_within(value: Any) -> tuple[str, str] | None:
     if isinstance(value, str):
         why = stand_in(value)
         return None if why is None else ("", why)
-    if not isinstance(value, (dict, list, tuple)):
+    return _where_stand_in(value) if _holds_stand_in(value) else None
+
+
+def stand_in_read(value: Any, names: Collection[str], whole: bool) -> tuple[str, str] | None:
+    """Where in ``value`` a stand-in is that an expression may read, and what it is (as
+    ``stand_in_within``). ``names``: the expression's identifiers; one under a mapping key among
+    them may be read (``args.to`` reads all of ``to``, ``to.cc`` included), as may any when
+    ``whole`` (the expression reads ``value`` itself: ``args["to"]``, ``size(args)``), and
+    ``value`` itself. A value holding no stand-in costs one walk."""
+    if isinstance(value, str):
+        why = stand_in(value)
+        return None if why is None else ("", why)
+    if not _holds_stand_in(value):
         return None
+    trail: list[tuple[str, Any, bool]] = [("", value, whole)]
+    while trail:
+        at, v, read = trail.pop()
+        if isinstance(v, str):
+            why = stand_in(v) if read else None
+            if why is not None:
+                return at, why
+        elif isinstance(v, dict):
+            # reversed: the first stand-in in the value's own order is the one named
+            trail.extend((f"{at}.{k}", x, read or k in names) for k, x in reversed(v.items()))
+        elif isinstance(v, (list, tuple)):
+            trail.extend((f"{at}[{i}]", v[i], read) for i in range(len(v) - 1, -1, -1))
+    return None
+
+
+def _holds_stand_in(value: Any) -> bool:
+    """Whether a string anywhere in ``value`` is a stand-in."""
     stack: list[Any] = [value]
     while stack:
         v = stack.pop()
         if isinstance(v, str):
             if stand_in(v) is not None:
-                return _where_stand_in(value)
+                return True
         elif isinstance(v, dict):
             stack.extend(v.values())
         elif isinstance(v, (list, tuple)):
             stack.extend(v)
-    return None
+    return False
 
 
 def _where_stand_in(value: Any) -> tuple[str, str] | None:
