@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from test_check_support import one, trajectory
 from test_delivery import POLICY, fixture_requests, request_of, spans_of
 
 import otel_plumb
@@ -211,3 +212,41 @@ def test_a_trace_of_http_spans_is_unchecked_unless_some_of_it_could_not_be_read(
     decided = decide([POLICY], t)
     assert (decided.status, decided.policies, decided.verdicts) == ("unchecked", [], [])
     assert decide([POLICY], cut).status == "indeterminate"
+
+
+def _cut_short(*steps: str, reason: str = "max_wait") -> Any:
+    """A trajectory of ``steps`` cut short for ``reason``."""
+    t = trajectory(*steps, complete=False)
+    t.incomplete_reason = reason
+    return t
+
+
+@pytest.mark.parametrize("reason", ["max_wait", "missing_parent"])
+@pytest.mark.parametrize("invariant", [
+    "{id: s, never_call: pay, scope: {before: approve}}",
+    "{id: s, call_count: {tool: pay, max: 1}, scope: {between: [fetch, approve]}}",
+])  # fmt: skip
+def test_a_fail_in_a_closing_scope_of_an_incomplete_trajectory_is_indeterminate(
+    tmp_path: Path, invariant: str, reason: str
+) -> None:
+    """An approve still to come that started earlier would close the scope before the pay calls."""
+    v = one(tmp_path, invariant, _cut_short("fetch", "pay", "pay", reason=reason))
+    assert v.verdict == "indeterminate" and v.message.startswith(f"trajectory {reason}: would be fail")
+    assert one(tmp_path, invariant, trajectory("fetch", "pay", "pay")).verdict == "fail"
+    # after: more spans only widen the scope, so its fail stands.
+    after = "{id: s, never_call: pay, scope: {after: fetch}}"
+    assert one(tmp_path, after, _cut_short("fetch", "pay", reason=reason)).verdict == "fail"
+
+
+def test_a_guard_on_an_incomplete_trajectory_decides_nothing(tmp_path: Path) -> None:
+    """Spans still to come may add the step a guard looks for, or name the agent it reads."""
+    unless_approved = "{id: g, never_call: pay, when: \"!steps.exists(s, s.name == 'approve')\"}"
+    v = one(tmp_path, unless_approved, _cut_short("fetch", "pay"))
+    assert v.verdict == "indeterminate" and "would be fail" in v.message
+    assert one(tmp_path, unless_approved, trajectory("fetch", "pay")).verdict == "fail"
+    audited = "{id: g, must_call: audit, when: \"steps.exists(s, s.name == 'pay')\"}"
+    v = one(tmp_path, audited, _cut_short("fetch"))
+    assert v.verdict == "indeterminate" and "is false so far" in v.message  # before: not_applicable
+    assert one(tmp_path, audited, trajectory("fetch")).verdict == "not_applicable"
+    # Without a guard, a never_call fail on an incomplete trajectory stands.
+    assert one(tmp_path, "{id: n, never_call: pay}", _cut_short("fetch", "pay")).verdict == "fail"

@@ -209,6 +209,12 @@ class CompiledInvariant:
     def evaluate(self, run: ck.Run) -> Verdict:
         return self.verdict(self.outcome(run), run)
 
+    def _guard_may_change(self, run: ck.Run) -> bool:
+        """Whether spans still to come may change what the guard says: on an incomplete
+        trajectory they may add steps, name its agent (the root's), or carry context attributes
+        (the root first of all, and a root's attributes win)."""
+        return not run.complete and self.guard is not None
+
     def outcome(self, run: ck.Run) -> ck.Outcome:
         t = run.trajectory
         if self.applies is not None and not self.applies.matches(t):
@@ -228,6 +234,9 @@ class CompiledInvariant:
             except EvaluationError as exc:
                 return ck.Outcome("indeterminate", None, f"when {self.guard.source}: {exc}")
             if not active:
+                if self._guard_may_change(run):
+                    why = f"trajectory {run.reason or 'incomplete'}: spans still to come may change it"
+                    return ck.Outcome("indeterminate", None, f"when {self.guard.source} is false so far; {why}")
                 return ck.Outcome("not_applicable", None, f"when {self.guard.source} is false")
         steps = t.steps
         if self.scope is not None:
@@ -241,11 +250,16 @@ class CompiledInvariant:
         out = self.check.run(run, steps)
         # On an incomplete trajectory more spans could still undo a pass, or a fail of a non-monotone
         # check, or (when spans were lost, not just not yet arrived) a fail that needs an earlier step.
+        # And a fail that spans still to come may take out of the check's reach: an earlier
+        # closing call narrows a ``before``/``between`` scope, and a guard over the steps or the
+        # trajectory may turn false.
         lost = run.reason in DATA_LOST
         if not run.complete and (
             out.verdict == "pass"
             or (out.verdict == "fail" and not self.check.final_fail)
             or (out.verdict == "fail" and lost and not self.check.fail_survives_lost_data)
+            or (out.verdict == "fail" and self.scope is not None and self.scope.kind != "after")
+            or (out.verdict == "fail" and self._guard_may_change(run))
         ):
             reason = run.reason or "incomplete"
             detail = f" ({out.message})" if out.message else ""
