@@ -270,7 +270,8 @@ def normalise_text(text: str) -> str:
 
 
 def equal(a: Any, b: Any, mode: CompareMode = "normalised", tolerance: Decimal = Decimal(0)) -> bool:
-    """Typed equality: see the module docstring. ``set`` compares lists without order."""
+    """Typed equality: see the module docstring. ``set`` compares lists without order and
+    repeats (``_set_equal``), numbers within ``tolerance`` as elsewhere."""
     exact = mode == "exact"
     na, nb = as_number(a, strings=not exact), as_number(b, strings=not exact)
     if na is not None and nb is not None:
@@ -281,7 +282,7 @@ def equal(a: Any, b: Any, mode: CompareMode = "normalised", tolerance: Decimal =
         return _as_bool(a, exact) is not None and _as_bool(a, exact) == _as_bool(b, exact)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         if mode == "set":
-            return {canonical(x, "normalised") for x in a} == {canonical(x, "normalised") for x in b}
+            return _set_equal(a, b, tolerance)
         return len(a) == len(b) and all(equal(x, y, mode, tolerance) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
         if set(a) != set(b):
@@ -290,6 +291,39 @@ def equal(a: Any, b: Any, mode: CompareMode = "normalised", tolerance: Decimal =
     if a is None or b is None:
         return a is None and b is None
     return bool(a == b)
+
+
+def _set_equal(a: Collection[Any], b: Collection[Any], tolerance: Decimal) -> bool:
+    """``compare: set``: the lists hold the same values, in any order, repeats ignored.
+
+    Repeats are the values ``canonical`` keys as one (``10``, ``10.0`` and ``"10"``), with or
+    without tolerance; each side's distinct values are then compared. With a tolerance the
+    distinct numbers (as ``as_number`` reads them) pair one to one, each within the tolerance
+    of its partner, so both sides need as many: ``[10, 10.004]`` is not ``[10]``, even with
+    tolerance 0.01. Pairing the sorted numbers with the sorted numbers finds such a pairing
+    when one exists. Other values (text, booleans, lists, maps) compare by ``canonical``,
+    without tolerance."""
+    if tolerance <= 0:
+        return {canonical(x, "normalised") for x in a} == {canonical(x, "normalised") for x in b}
+    nums_a, others_a = _split_numbers(a)
+    nums_b, others_b = _split_numbers(b)
+    if len(nums_a) != len(nums_b) or others_a != others_b:
+        return False
+    return all(abs(x - y) <= tolerance for x, y in zip(sorted(nums_a), sorted(nums_b), strict=True))
+
+
+def _split_numbers(values: Collection[Any]) -> tuple[set[Decimal], set[Hashable]]:
+    """The distinct numbers among ``values`` (as ``canonical`` reads them: equal ones are one),
+    and the ``canonical`` keys of the rest."""
+    nums: set[Decimal] = set()
+    others: set[Hashable] = set()
+    for x in values:
+        n = as_number(x)
+        if n is not None and n.is_finite():
+            nums.add(n)
+        else:
+            others.add(canonical(x, "normalised"))
+    return nums, others
 
 
 def _as_bool(value: Any, exact: bool) -> bool | None:
