@@ -463,3 +463,21 @@ def test_a_repeated_key_sequence_is_worked_out_once():
     assert cache.find("s", {"url.full": "/b", "http.method": "POST"}) is not first  # another order
     assert cache.find("other", {"http.method": "GET", "url.full": "/a"}) is not first  # another scope
     assert cache.size == 3
+
+
+def test_a_genai_tool_span_naming_no_tool_is_unrecognised_not_a_tool_called_execute_tool(tmp_path):
+    """execute_tool with no gen_ai.tool.name (nor a name after it): which tool ran is unknown, so
+    no check may count it as one tool or another, nor say no tool it names ran."""
+    agent = span({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "ap"}, name="invoke_agent ap")
+    unnamed = span({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.arguments": '{"amount": 5}'},
+                   name="execute_tool", parent=agent.span_id)  # fmt: skip
+    unnamed.span_id = "b1"
+    n = normalise(unnamed)
+    assert (n.kind, n.convention) == ("other", "unrecognised") and "names no tool" in n.problems[0]
+    t = build_trajectory("t1", [normalise(agent), n])
+    assert not t.complete and t.tool_steps == []
+    policy = tmp_path / "p.yaml"
+    policy.write_text("policy: p\ninvariants:\n  - {id: n, never_call: pay}\n  - {id: m, must_call: check}\n")
+    assert [v.verdict for v in load_policy(policy).evaluate(t)] == ["indeterminate", "indeterminate"]
+    named = span({"gen_ai.operation.name": "execute_tool"}, name="execute_tool pay", parent=agent.span_id)
+    assert (normalise(named).kind, normalise(named).name) == ("tool", "pay")
