@@ -153,6 +153,14 @@ def test_mcp_flattened_arguments_and_other_methods():
     assert (n.kind, n.name, n.args_source) == ("tool", "pay", "mcp.request.argument.*")
     assert n.args == {"amount": "12.5"}
     assert normalise(span({"mcp.method.name": "tools/list"}, name="tools/list")).kind == "other"
+    # A value's JSON cut off (an attribute length limit): not the value sent, whatever the rest.
+    cut = {"mcp.method.name": "tools/call", "mcp.tool.name": "mail", "mcp.request.argument.to": '"alice@co',
+           "mcp.request.argument.n": "3"}  # fmt: skip
+    n = normalise(span(cut))
+    assert (n.args_status, n.args) == ("undecodable", None) and n.problems[0].startswith("mcp.request.argument.to: ")
+    # A placeholder stays where it is, for the checks to find (check.values).
+    n = normalise(span({**cut, "mcp.request.argument.to": "<REDACTED>"}))
+    assert (n.args_status, n.args) == ("captured", {"to": "<REDACTED>", "n": "3"})
 
 
 def test_openinference_tool_parameters_schema_is_not_arguments():

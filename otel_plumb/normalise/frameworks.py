@@ -50,7 +50,7 @@ def read_mcp(span: SpanRecord, out: NormalisedSpan) -> None:
     if not set_first_args(out, a, ("gen_ai.tool.call.arguments", "mcp.request.params.arguments")):
         flat = {k[len(_MCP_ARG_PREFIX) :]: v for k, v in a.items() if k.startswith(_MCP_ARG_PREFIX)}
         if flat:
-            set_args(out, {k: _arg_value(v) for k, v in flat.items()}, _MCP_ARG_PREFIX + "*")
+            _set_flat_args(out, flat)
     set_first_result(out, a, _MCP_RESULT_KEYS)
     if out.error is None and (_is_true(a.get("mcp.tool.result.is_error")) or _result_is_error(a)):
         out.error = error_of(span) or "tool returned isError"
@@ -76,10 +76,20 @@ def _result_is_error(a: Mapping[str, object]) -> bool:
     return False
 
 
-def _arg_value(value: object) -> object:
-    """Flattened MCP arguments are recorded as JSON of each value."""
-    d = decode(value)
-    return d.value if d.status == "captured" else value
+def _set_flat_args(out: NormalisedSpan, flat: dict[str, object]) -> None:
+    """Flattened MCP arguments are recorded as JSON of each value. One that does not decode
+    (JSON text cut off, by an attribute length limit say) is not the value sent, so the
+    arguments are undecodable, naming it; a placeholder stays, for the checks to see."""
+    source = _MCP_ARG_PREFIX + "*"
+    args: dict[str, object] = {}
+    for key, value in flat.items():
+        d = decode(value)
+        if d.status == "undecodable":
+            out.args_status, out.args_source = "undecodable", source
+            out.problems += (f"{_MCP_ARG_PREFIX}{key}: {d.reason}",)
+            return
+        args[key] = d.value if d.status == "captured" else value
+    set_args(out, args, source)
 
 
 def read_strands(span: SpanRecord, out: NormalisedSpan) -> None:
