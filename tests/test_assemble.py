@@ -249,6 +249,170 @@ def test_a_model_call_recorded_twice_counts_once():
 
 
 # ---------------------------------------------------------------------------------------------
+# One tool call recorded again inside itself (a framework's tool span around the MCP SDK's
+# tools/call spans) counts once.
+
+
+def tool(span_id, parent, start, end, name="pay", kind="tool", convention="mcp", **kw):
+    """A span of the MCP instrumentation, unless ``convention`` says otherwise."""
+    return NormalisedSpan(
+        trace_id="t1", span_id=span_id, parent_span_id=parent, span_name=span_id, start_ns=start, end_ns=end,
+        kind=kind, name=name, convention=convention, **kw,
+    )  # fmt: skip
+
+
+def kinds(t):
+    return [(s.span_id, s.kind) for s in t.steps]
+
+
+def test_a_retry_inside_a_tool_call_that_succeeded_last_leaves_it_successful():
+    spans = [
+        tool("r", None, 0, 100, "agent", "agent"),
+        tool("o", "r", 10, 90, args={"amount": 5}, args_status="captured"),
+        tool("x", "o", 11, 89, "session", "other"),  # not a tool: walked through
+        tool("i1", "x", 12, 30, error="timeout"),
+        tool("i2", "x", 40, 80, result={"ok": True}, result_status="captured"),
+    ]
+    t = build_trajectory("t1", spans)
+    assert kinds(t) == [("r", "agent"), ("o", "tool"), ("x", "other"), ("i1", "other"), ("i2", "other")]
+    (outer,) = t.tool_steps
+    assert outer.error is None and outer.args == {"amount": 5}
+    assert outer.result == {"ok": True} and outer.result_status == "captured"  # not captured by the outer
+
+
+def test_the_framework_span_keeps_its_outcome_and_takes_the_arguments_it_lacks():
+    spans = [
+        tool("r", None, 0, 100, "agent", "agent"),
+        tool("o", "r", 10, 90, args_status="redacted", convention="pydantic_ai"),
+        tool("c", "o", 11, 89, args={"amount": 5}, args_status="captured", args_source="span", tool_call_id="c1"),
+        tool("s", "c", 12, 88, error="declined"),
+    ]
+    t = build_trajectory("t1", spans)
+    assert kinds(t) == [("r", "agent"), ("o", "tool"), ("c", "other"), ("s", "other")]
+    (outer,) = t.tool_steps
+    # Its own outcome: the server's records, from another process, may arrive after it.
+    assert outer.error is None
+    assert (outer.args, outer.args_status, outer.args_source) == ({"amount": 5}, "captured", "span")
+    assert outer.tool_call_id == "c1"
+    spans[1] = tool("o", "r", 10, 90, error="cancelled", convention="pydantic_ai")
+    assert build_trajectory("t1", spans).tool_steps[0].error == "cancelled"
+    # Same-name tool spans of other conventions are calls of their own (a tool calling itself).
+    spans = [tool("r", None, 0, 100, "agent", "agent"), tool("o", "r", 10, 90, convention="x"),
+             tool("i", "o", 11, 89, convention="x")]  # fmt: skip
+    assert [s.span_id for s in build_trajectory("t1", spans).tool_steps] == ["o", "i"]
+
+
+def test_nested_tools_of_other_names_and_tools_under_an_agent_are_kept():
+    spans = [
+        tool("r", None, 0, 100, "agent", "agent"),
+        tool("o", "r", 10, 90, name="run_workflow"),
+        tool("p", "o", 11, 89),  # another name: a call of its own
+        tool("sub", "p", 12, 88, "sub", "agent"),  # a sub-agent run by pay: the walk stops there
+        tool("q", "sub", 13, 87),
+    ]
+    t = build_trajectory("t1", spans)
+    assert [(s.span_id, s.kind) for s in t.steps if s.name == "pay"] == [("p", "other"), ("q", "tool")]
+    assert [s.name for s in t.tool_steps] == ["run_workflow", "pay"]  # p ran an agent: not a tool call
+
+
+def test_tool_calls_nested_in_a_loop_of_parent_links_end_with_one_kept():
+    spans = [tool("a", "c", 0, 10), tool("b", "a", 1, 9), tool("x", "b", 2, 8, "x", "other"), tool("c", "x", 3, 7)]
+    t = build_trajectory("t1", spans)
+    assert not t.complete and len(t.tool_steps) == 1
+    # A long chain of records of one call: one call, whatever the depth.
+    chain = [tool("r", None, 0, 10_000, "agent", "agent")]
+    chain += [tool(f"s{n}", f"s{n - 1}" if n else "r", n + 1, 10_000 - n - 1) for n in range(1000)]
+    t = build_trajectory("t1", chain)
+    assert [s.span_id for s in t.tool_steps] == ["s0"]
+
+
+# The captured MCP SDK server spans (tests/fixtures/conventions/mcp_sdk.jsonl: mcp 2.1.1, its
+# OpenTelemetryMiddleware, tools/call <tool>) each placed under the captured Pydantic AI tool span
+# of the same call (pydantic_ai_v2.jsonl: pydantic-ai-slim 2.68.0 "running tool"), directly or
+# through another captured MCP span (server/discover), as a Pydantic AI agent calling its tools
+# on an MCP server records them. No framework here calls an MCP server offline to capture it.
+
+
+def _pydantic_ai_calling_mcp(via_other_span):
+    from test_fixtures_conventions import load
+
+    expected, agent_spans = load("pydantic_ai_v2")
+    _, mcp_spans = load("mcp_sdk")
+    framework_tools = [s for s in agent_spans if s.name == "running tool"]
+    mcp_calls = [s for s in mcp_spans if s.name.startswith("tools/call ")]
+    (discover,) = [s for s in mcp_spans if s.name == "server/discover"]
+    grafted = list(agent_spans)
+    for n, (outer, inner) in enumerate(zip(framework_tools, mcp_calls, strict=True)):
+        assert outer.attributes["gen_ai.tool.name"] == inner.attributes["gen_ai.tool.name"]
+        assert (outer.status_code == 2) == (inner.status_code == 2)  # the refused payment fails in both
+        parent = outer.span_id
+        if via_other_span:
+            parent = f"{n:016x}"
+            grafted.append(
+                SpanRecord(
+                    outer.trace_id,
+                    parent,
+                    outer.span_id,
+                    discover.name,
+                    kind=discover.kind,
+                    start_ns=outer.start_ns + 1,
+                    end_ns=outer.end_ns - 1,
+                    attributes=dict(discover.attributes),
+                    resource=discover.resource,
+                    scope_name=discover.scope_name,
+                )
+            )
+        grafted.append(
+            SpanRecord(
+                outer.trace_id,
+                inner.span_id,
+                parent,
+                inner.name,
+                kind=inner.kind,
+                start_ns=outer.start_ns + 2,
+                end_ns=outer.end_ns - 2,
+                status_code=inner.status_code,
+                status_message=inner.status_message,
+                attributes=dict(inner.attributes),
+                resource=inner.resource,
+                scope_name=inner.scope_name,
+            )
+        )
+    t = build_trajectory(agent_spans[0].trace_id, [normalise(r) for r in grafted])
+    return expected, t
+
+
+def _policy_verdicts(t, *bodies):
+    import tempfile
+    from pathlib import Path
+
+    from otel_plumb.check import load_policy
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "p.yaml"
+        path.write_text("policy: t\ninvariants:\n" + "".join(f"  - {b}\n" for b in bodies))
+        return {v.invariant: v.verdict for v in load_policy(path).evaluate(t)}
+
+
+def test_a_framework_tool_span_around_the_mcp_sdk_span_of_the_same_call_counts_once():
+    for via_other_span in (False, True):
+        expected, t = _pydantic_ai_calling_mcp(via_other_span)
+        assert t.complete
+        # Three calls: lookup_invoice, send_payment refused, send_payment paid; as the framework saw them.
+        got = [{"name": s.name, "args": s.args, "error": s.error is not None, "source": s.source} for s in t.tool_steps]
+        assert got == expected["tool_steps"]
+        assert sum(s.name == "send_payment" and s.error is None for s in t.tool_steps) == 1
+        verdicts = _policy_verdicts(
+            t,
+            "{id: pay-once, call_count: {tool: send_payment, max: 1}}",
+            "{id: lookup-once, call_count: {tool: lookup_invoice, max: 1}}",
+            "{id: calls, budget: {max_tool_calls: 3}}",
+            "{id: errors, budget: {max_tool_errors: 1}}",
+        )
+        assert verdicts == {"pay-once": "pass", "lookup-once": "pass", "calls": "pass", "errors": "pass"}
+
+
+# ---------------------------------------------------------------------------------------------
 # A span whose parent is not in the trace: part of the trace is missing.
 
 

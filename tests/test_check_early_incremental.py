@@ -201,6 +201,31 @@ def test_a_requested_call_and_its_tool_span_count_once():
     assert watch.may_fail(state, set())  # a second call
 
 
+def test_nothing_is_checked_in_flight_once_an_mcp_record_of_a_call_arrives():
+    """Two MCP records of ``pay`` (a retry inside one call) arrive before the framework's tool
+    span around them, which makes them one call (``assemble.trajectory``): counted in flight
+    they would be two, a false early failure of call_count max 1."""
+    pay_once = next(p for p in POLICY_SETS if [i.id for i in p[0].invariants] == ["pay-once"])
+    watch = EarlyWatch(pay_once)
+    state = watch.state()
+    common = {"trace_id": "t", "kind": "tool", "name": "pay", "span_name": "tools/call pay"}
+    state.add(NormalisedSpan(span_id="i1", parent_span_id="o", start_ns=1, end_ns=2, convention="mcp", **common))
+    state.add(NormalisedSpan(span_id="i2", parent_span_id="o", start_ns=3, end_ns=4, convention="mcp", **common))
+    assert not watch.may_fail(state, set())
+    state.add(NormalisedSpan(span_id="o", parent_span_id="r", start_ns=0, end_ns=5, convention="test", **common))
+    partial = build_trajectory("t", [NormalisedSpan(span_id=i, parent_span_id=p, start_ns=a, end_ns=b,
+                                                    convention=c, **common)
+                                     for i, p, a, b, c in [("i1", "o", 1, 2, "mcp"), ("i2", "o", 3, 4, "mcp"),
+                                                           ("o", "r", 0, 5, "test")]])  # fmt: skip
+    assert [s.span_id for s in partial.tool_steps] == ["o"]  # one call, as the final trajectory says
+    assert not watch.may_fail(state, set())
+    # Without MCP records, the same counters say a second call may fail it.
+    other = watch.state()
+    for i in ("p1", "p2"):
+        other.add(NormalisedSpan(span_id=i, parent_span_id="r", start_ns=1, end_ns=2, convention="test", **common))
+    assert watch.may_fail(other, set())
+
+
 def test_a_precedes_failure_is_looked_for_once_its_turn_is_over():
     """``pay`` without an earlier ``lookup`` fails only once ``pay``'s turn is over (a ``lookup``
     beside it may have started earlier): until a model call after it or its parent arrives,

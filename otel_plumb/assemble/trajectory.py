@@ -177,6 +177,8 @@ def build_trajectory(
         steps = [step for _, step in drafts]
     if llm_spans:
         _merge_nested_model_calls(steps)
+    if len(tool_steps) > 1:
+        _merge_nested_tool_calls(steps, by_id)
     if asking:
         _order_parallel_calls(steps, asking)
     if tool_steps or requested:  # a handoff is a tool call, and may name the agent steps inherit
@@ -622,6 +624,115 @@ def _merge_nested_model_calls(steps: list[Step]) -> None:
         if outer.tokens is None:
             outer.tokens = st.tokens
         st.kind, st.tokens = "other", None
+
+
+def _merge_nested_tool_calls(steps: list[Step], by_id: dict[str, NormalisedSpan]) -> None:
+    """One tool call recorded again inside itself, by the MCP instrumentation (its ``tools/call``
+    spans, client and server, under a framework's tool span such as Pydantic AI's ``running
+    tool``, or the server's under the client's) counts once: an MCP tool step whose nearest tool
+    ancestor is a tool step of the same name becomes an ``other`` step. The nearest tool
+    ancestor is found walking up parent spans through spans that are neither tools nor agents,
+    in the same trace; an agent span (the tool ran another agent) or a tool of another name
+    stops the walk, and so does a missing parent. The outer step keeps its own outcome (the
+    server's spans come from another process and may arrive after it: an outcome taken from
+    them would undo an early verdict on it, see ``check.early.in_flight``), and where its
+    arguments (or result, or tool-call id) are not captured and those of the records merged
+    into it are, it takes the latest-ending record's that has them. Nested several deep, inner
+    records merge into their nearest outer first. A loop of parent links (a hostile trace) is
+    cut, keeping one of its calls.
+
+    Only removes tool calls, and changes no outcome. Cost: O(spans + tool steps): each span
+    between a tool and its nearest tool or agent ancestor is walked once, then remembered (a
+    walk stops at a span met before, so loops end), and each merge link is followed once."""
+    tools = {st.span_id: st for st in steps if st.kind == "tool" and st.source == "span"}
+    if len(tools) < 2:
+        return
+    # The nearest stop (a tool step, or None: an agent span, a missing parent, the trace's top,
+    # a loop) at or above each span walked through that is neither a tool nor an agent.
+    stop_above: dict[str, Step | None] = {}
+    # Inner call -> the outer call it is merged into, and each outer's inner calls.
+    outer_of: dict[str, Step] = {}
+    inners: dict[str, list[Step]] = {}
+    for st in tools.values():
+        path: list[str] = []
+        on_path: set[str] = set()
+        child_trace = st.trace_id
+        cur = st.parent_span_id
+        stop: Step | None = None
+        while cur is not None:
+            if cur in stop_above:
+                stop = stop_above[cur]
+                break
+            span = by_id.get(cur)
+            if span is None or span.trace_id != child_trace or span.kind == "agent" or cur in on_path:
+                break
+            if cur in tools:
+                stop = tools[cur]
+                break
+            path.append(cur)
+            on_path.add(cur)
+            cur = span.parent_span_id
+        for span_id in path:
+            stop_above[span_id] = stop
+        if stop is not None and stop is not st and stop.name == st.name and st.convention == "mcp":
+            outer_of[st.span_id] = stop
+            inners.setdefault(stop.span_id, []).append(st)
+    if not outer_of:
+        return
+    # A loop of tool steps merged into one another (parent links in a cycle) is cut: the first
+    # of its calls met keeps its own step. Each call is looked at once here.
+    state: dict[str, int] = {}  # 1: on the current chain, 2: done
+    for start in list(outer_of):
+        chain: list[str] = []
+        cur_id: str | None = start
+        while cur_id is not None and cur_id not in state:
+            state[cur_id] = 1
+            chain.append(cur_id)
+            nxt = outer_of.get(cur_id)
+            cur_id = nxt.span_id if nxt is not None else None
+        if cur_id is not None and state[cur_id] == 1:  # back on this chain: a loop
+            cut = cur_id
+            around = outer_of.pop(cut).span_id
+            inners[around] = [st for st in inners[around] if st.span_id != cut]
+        for span_id in chain:
+            state[span_id] = 2
+    # Inner calls before the calls they are merged into (a forest now): a call is ready once
+    # all its inner calls are.
+    waiting = {span_id: len(group) for span_id, group in inners.items() if group}
+    ready = [tools[span_id] for span_id in outer_of if span_id not in waiting]
+    while ready:
+        st = ready.pop()
+        group = inners.get(st.span_id)
+        if group:
+            _absorb(st, group)
+        outer = outer_of.get(st.span_id)
+        if outer is None:
+            continue
+        st.kind = "other"
+        waiting[outer.span_id] -= 1
+        if not waiting[outer.span_id]:
+            ready.append(outer)
+
+
+def _absorb(outer: Step, group: list[Step]) -> None:
+    """``outer`` takes from the inner records of its call what it lacks (see
+    ``_merge_nested_tool_calls``)."""
+    with_args: Step | None = None
+    with_result: Step | None = None
+    with_id: Step | None = None
+    for st in group:
+        if st.result_status == "captured" and (with_result is None or st.end_ns >= with_result.end_ns):
+            with_result = st
+        if st.args_status == "captured" and (with_args is None or st.end_ns >= with_args.end_ns):
+            with_args = st
+        if st.tool_call_id is not None and (with_id is None or st.end_ns >= with_id.end_ns):
+            with_id = st
+    if outer.tool_call_id is None and with_id is not None:
+        outer.tool_call_id = with_id.tool_call_id
+    if outer.args_status != "captured" and with_args is not None:
+        outer.args, outer.args_status, outer.args_source = with_args.args, "captured", with_args.args_source
+    if outer.result_status != "captured" and with_result is not None:
+        outer.result, outer.result_status = with_result.result, "captured"
 
 
 def _order_parallel_calls(steps: list[Step], asking: list[NormalisedSpan]) -> None:

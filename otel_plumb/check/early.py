@@ -31,8 +31,9 @@ O(N^2 / k). Only the invariants that may fail are checked on it.
 
 What ``may_fail`` says is a necessary condition of a fail, from what building a trajectory
 and ``in_flight`` can do to the steps: they only ever remove tool calls (a tool that ran
-another agent becomes an ``other`` step, a handoff an ``agent`` step) and model calls (one
-recorded twice counts once), and take tokens away, so counts and totals over the spans bound
+another agent becomes an ``other`` step, a handoff an ``agent`` step, an MCP record of a call
+inside a tool span of its name counts once) and model calls (one recorded twice counts once),
+and take tokens away, so counts and totals over the spans bound
 those over the steps. Order is by start time, so for ``precedes`` a first successful ``then``
 that starts no later than every successful ``first`` is necessary, unless the order or the
 kinds may be rearranged (a turn of parallel calls put in request order, an agent span under
@@ -89,8 +90,8 @@ class EarlyState:
     """What the early invariants need to know of one trace in flight, updated span by span."""
 
     __slots__ = ("arrived", "end", "fruitless", "hidden_calls", "last_attributes", "latest_llm", "llm_spans",
-                 "open_turns", "own_ids", "recheck_at", "reordered", "services", "spans", "start", "tokens",
-                 "tool_errors", "tool_spans", "tools", "watched")  # fmt: skip
+                 "open_turns", "own_ids", "recheck_at", "recorded_again", "reordered", "services", "spans", "start",
+                 "tokens", "tool_errors", "tool_spans", "tools", "watched")  # fmt: skip
 
     def __init__(self, watched: frozenset[str], arrived: Container[str] | None = None) -> None:
         self.watched = watched
@@ -101,6 +102,11 @@ class EarlyState:
         self.reordered = False
         # A model call asked for tool calls whose names were not captured (content capture off).
         self.hidden_calls = False
+        # An MCP record of a tool call arrived: a framework's tool span around records of one call
+        # (a retry inside it), arriving later, makes them one step (``assemble.trajectory``), so
+        # the partial trajectory may count more calls and errors than the final one. Nothing is
+        # checked early on such a trace.
+        self.recorded_again = False
         self.tools: dict[str, _Tool] = {}
         # The services its spans came from (for applies_to), and the attributes last read for one.
         self.services: set[str] = set()
@@ -145,6 +151,8 @@ class EarlyState:
             self._end_turns(span)
         if kind == "tool":
             self.tool_spans += 1
+            if span.convention == "mcp":
+                self.recorded_again = True
             if span.error is not None:
                 self.tool_errors += 1
             if span.name in self.watched:
@@ -395,6 +403,8 @@ class EarlyWatch:
         """The early invariants not yet reported for the trace that may fail on what it holds
         now, as (policy, invariant) keys: only those need checking on its partial trajectory."""
         out: list[tuple[str, str]] = []
+        if state.recorded_again:
+            return out
         for rule in self.rules:  # one loop: this runs for every trace a request touches
             if (not reported or rule.key not in reported) and rule.may_fail.holds(state):
                 out.append(rule.key)
