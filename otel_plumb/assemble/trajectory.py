@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import heapq
 from collections.abc import Callable, Iterable
 from operator import attrgetter
 from typing import Final
@@ -736,11 +735,9 @@ def _absorb(outer: Step, group: list[Step]) -> None:
 
 
 def _order_parallel_calls(steps: list[Step], asking: list[NormalisedSpan]) -> None:
-    """Tool calls the model asked for in one turn are put, among their own places in the
-    trajectory, in the order it asked for them: their start times often do not say it (they
-    start together, or in thread order). Where the times do say it, they win: a call that ended
-    before another started ran first, whatever its place in the request (else a ``precedes``
-    could pass on a call that in fact ran after). ``asking``: the spans with requests."""
+    """Tool calls the model asked for in one turn run in the order it asked for them, whatever
+    their start times say (they often start together, or in thread order): among their own
+    places in the trajectory they are put in request order. ``asking``: the spans with requests."""
     turn_of: dict[str, tuple[str, int]] = {}
     for s in asking:
         if len(s.requested_calls) > 1:
@@ -757,42 +754,9 @@ def _order_parallel_calls(steps: list[Step], asking: list[NormalisedSpan]) -> No
     for calls in turns.values():
         if len(calls) > 1:
             places = sorted(i for _, i in calls)
-            ordered = _request_order_within_times([(n, steps[i]) for n, i in calls])
+            ordered = [steps[i] for _, i in sorted(calls)]
             for place, step in zip(places, ordered, strict=True):
                 steps[place] = step
-
-
-def _request_order_within_times(calls: list[tuple[int, Step]]) -> list[Step]:
-    """The calls of one turn (with their places in the request) in request order, except that
-    a call that ended before another started comes first: of the calls whose every time-forced
-    predecessor is placed, the one asked for first goes next. A call is free once no unplaced
-    other call ended before it started, that is once it starts no later than the earliest end
-    among the unplaced ones (the call holding that end is free too, which breaks the cycles that
-    spans ending before they start could make). O(k log k) for k calls."""
-    by_start = sorted(range(len(calls)), key=lambda c: calls[c][1].start_ns)
-    ends = [(st.end_ns, c) for c, (_, st) in enumerate(calls)]
-    heapq.heapify(ends)
-    free: list[tuple[int, int]] = []
-    placed = [False] * len(calls)
-    out: list[Step] = []
-    nxt = 0
-    while len(out) < len(calls):
-        while placed[ends[0][1]]:
-            heapq.heappop(ends)
-        earliest_end, holder = ends[0]
-        while nxt < len(by_start) and calls[by_start[nxt]][1].start_ns <= earliest_end:
-            c = by_start[nxt]
-            heapq.heappush(free, (calls[c][0], c))
-            nxt += 1
-        if not placed[holder]:
-            heapq.heappush(free, (calls[holder][0], holder))
-        while True:
-            _, c = heapq.heappop(free)
-            if not placed[c]:
-                break
-        placed[c] = True
-        out.append(calls[c][1])
-    return out
 
 
 def _delegations_and_handoffs(steps: list[Step], by_id: dict[str, NormalisedSpan]) -> None:
