@@ -162,6 +162,23 @@ class Run:
             self._stand_ins[expression] = found
         return found
 
+    def stand_in_read_by(
+        self, expression: Expression, steps: Sequence[Step], call: Step | None = None
+    ) -> tuple[Step | None, str] | None:
+        """A stand-in ``expression`` may read, and where: in ``call``'s arguments or result, in
+        one of ``steps`` when it reads them, or in the context. (The step holding it, or None
+        for the context; what it is), or None when it reads none."""
+        if call is not None and expression.value_roots:
+            what = read_stand_in(self, expression, call)
+            if what is not None:
+                return call, what
+        if "steps" in expression.variables:
+            found = self.stand_in_in_steps(expression, steps)
+            if found is not None:
+                return found
+        what = self.ctx_stand_in(expression)
+        return None if what is None else (None, what)
+
     def ctx_stand_in(self, expression: Expression) -> str | None:
         """What of the context ``expression`` may read is a stand-in, as ``ctx.amount is a
         redaction placeholder`` (ground truth carried on spans may be redacted on the way, as
@@ -498,14 +515,9 @@ class ArgSatisfies(ArgumentCheck):
         names = self.expression.variables
         if "result" in names and step.result_status != "captured":
             return Outcome("indeterminate", step, f"result of {run.where(step)} is {step.result_status}, not captured")
-        what = read_stand_in(run, self.expression, step) if self.expression.value_roots else None
-        if what is None and "steps" in names:
-            other = run.stand_in_in_steps(self.expression, run.steps)
-            what = other[1] if other is not None else None
-        if what is None:
-            what = run.ctx_stand_in(self.expression)
-        if what is not None:
-            return Outcome("indeterminate", step, f"{what}, which {self.expression.source} reads")
+        hidden = run.stand_in_read_by(self.expression, run.steps, step)
+        if hidden is not None:
+            return Outcome("indeterminate", step, f"{hidden[1]}, which {self.expression.source} reads")
         act = run.activation(
             self.expression, run.steps, args=step.args, result=step.result,
             step=cel_step(step, self.expression.words) if "step" in names else None,
@@ -617,13 +629,9 @@ class Expr(Check):
         self.final_fail = False
 
     def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
-        if self.expression.value_roots and "steps" in self.expression.variables:
-            found = run.stand_in_in_steps(self.expression, steps)
-            if found is not None:
-                return Outcome("indeterminate", found[0], f"{found[1]}, which {self.expression.source} reads")
-        what = run.ctx_stand_in(self.expression)
-        if what is not None:
-            return Outcome("indeterminate", None, f"{what}, which {self.expression.source} reads")
+        hidden = run.stand_in_read_by(self.expression, steps)
+        if hidden is not None:
+            return Outcome("indeterminate", hidden[0], f"{hidden[1]}, which {self.expression.source} reads")
         try:
             ok = self.expression.test(run.activation(self.expression, steps), run.budget)
         except BudgetExceeded as over:

@@ -209,24 +209,15 @@ class CompiledInvariant:
     def evaluate(self, run: ck.Run) -> Verdict:
         return self.verdict(self.outcome(run), run)
 
-    def _guard_may_change(self, run: ck.Run) -> bool:
-        """Whether spans still to come may change what the guard says: on an incomplete
-        trajectory they may add steps, name its agent (the root's), or carry context attributes
-        (the root first of all, and a root's attributes win)."""
-        return not run.complete and self.guard is not None
-
     def outcome(self, run: ck.Run) -> ck.Outcome:
         t = run.trajectory
         if self.applies is not None and not self.applies.matches(t):
             return ck.Outcome("not_applicable", None, f"not for service {t.service!r}, agent {t.agent!r}")
         if self.guard is not None:
-            hidden = run.ctx_stand_in(self.guard)
-            if hidden is None and self.guard.value_roots and "steps" in self.guard.variables:
-                found = run.stand_in_in_steps(self.guard, t.steps)
-                hidden = found[1] if found is not None else None
+            hidden = run.stand_in_read_by(self.guard, t.steps)
             if hidden is not None:
                 # Whether the invariant applies depends on a value the data does not hold.
-                return ck.Outcome("indeterminate", None, f"when {self.guard.source}: {hidden}, which it reads")
+                return ck.Outcome("indeterminate", None, f"when {self.guard.source}: {hidden[1]}, which it reads")
             try:
                 active = self.guard.test(run.activation(self.guard, t.steps), run.budget)
             except BudgetExceeded as over:
@@ -234,7 +225,7 @@ class CompiledInvariant:
             except EvaluationError as exc:
                 return ck.Outcome("indeterminate", None, f"when {self.guard.source}: {exc}")
             if not active:
-                if self._guard_may_change(run):
+                if not run.complete:  # spans still to come may add a step it looks for, name the agent
                     why = f"trajectory {run.reason or 'incomplete'}: spans still to come may change it"
                     return ck.Outcome("indeterminate", None, f"when {self.guard.source} is false so far; {why}")
                 return ck.Outcome("not_applicable", None, f"when {self.guard.source} is false")
@@ -251,15 +242,15 @@ class CompiledInvariant:
         # On an incomplete trajectory more spans could still undo a pass, or a fail of a non-monotone
         # check, or (when spans were lost, not just not yet arrived) a fail that needs an earlier step.
         # And a fail that spans still to come may take out of the check's reach: an earlier
-        # closing call narrows a ``before``/``between`` scope, and a guard over the steps or the
-        # trajectory may turn false.
+        # closing call narrows a ``before``/``between`` scope, and a guard may turn false (a step
+        # it looks for, the agent the root names, context attributes the root carries).
         lost = run.reason in DATA_LOST
         if not run.complete and (
             out.verdict == "pass"
             or (out.verdict == "fail" and not self.check.final_fail)
             or (out.verdict == "fail" and lost and not self.check.fail_survives_lost_data)
             or (out.verdict == "fail" and self.scope is not None and self.scope.kind != "after")
-            or (out.verdict == "fail" and self._guard_may_change(run))
+            or (out.verdict == "fail" and self.guard is not None)
         ):
             reason = run.reason or "incomplete"
             detail = f" ({out.message})" if out.message else ""
