@@ -481,7 +481,8 @@ def test_a_genai_tool_span_naming_no_tool_is_unrecognised_not_a_tool_called_exec
                    name="execute_tool", parent=agent.span_id)  # fmt: skip
     unnamed.span_id = "b1"
     n = normalise(unnamed)
-    assert (n.kind, n.convention) == ("other", "unrecognised") and "names no tool" in n.problems[0]
+    assert (n.kind, n.convention) == ("other", "unrecognised")
+    assert n.problems[0].startswith("gen_ai.tool.name: ") and "names no tool" in n.problems[0]
     t = build_trajectory("t1", [normalise(agent), n])
     assert not t.complete and t.tool_steps == []
     policy = tmp_path / "p.yaml"
@@ -489,3 +490,6 @@ def test_a_genai_tool_span_naming_no_tool_is_unrecognised_not_a_tool_called_exec
     assert [v.verdict for v in load_policy(policy).evaluate(t)] == ["indeterminate", "indeterminate"]
     named = span({"gen_ai.operation.name": "execute_tool"}, name="execute_tool pay", parent=agent.span_id)
     assert (normalise(named).kind, normalise(named).name) == ("tool", "pay")
+    # A tool the attribute names "execute_tool" is a tool of that name, whatever the span's name.
+    literal = span({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "execute_tool"}, name="execute_tool")
+    assert (normalise(literal).kind, normalise(literal).name) == ("tool", "execute_tool")

@@ -78,14 +78,17 @@ def kind_of(span: SpanRecord, a: dict[str, Any]) -> StepKind:
 
 
 def read_tool(span: SpanRecord, out: NormalisedSpan, a: dict[str, Any]) -> None:
-    out.name = as_str(a.get("gen_ai.tool.name")) or name_after(span.name, "execute_tool ") or span.name
-    if out.name.strip() == "execute_tool":
+    # A bare "execute_tool" span name is the operation, not a tool's name.
+    from_span = span.name if span.name.strip() != "execute_tool" else ""
+    named = as_str(a.get("gen_ai.tool.name")) or name_after(span.name, "execute_tool ") or from_span
+    if not named.strip():
         # No tool named, in the attributes or the span name: a call of any tool may be hidden
         # in it, as in a span no convention reads (the trajectory is incomplete, not a call of
-        # a tool named "execute_tool").
+        # a tool named after the span).
         out.kind, out.convention = "other", "unrecognised"
-        out.problems += (f"tool span {span.name!r} names no tool (no gen_ai.tool.name)",)
+        out.problems += (f"gen_ai.tool.name: absent, and span {span.name!r} names no tool",)
         return
+    out.name = named
     out.tool_call_id = as_str(a.get("gen_ai.tool.call.id"))
     if not set_first_args(out, a, ARGS_KEYS):
         for e in span.events:
