@@ -6,6 +6,11 @@ not captured make an argument check indeterminate, never a pass; on an incomplet
 a check that a later span could still satisfy (``must_call``, ``responds``, ``call_count``
 min) is indeterminate rather than failed.
 
+A call only the model's request records (``source: llm_output``: no tool span of its own) may
+have failed, or not run at all when its result was never given back: it is a call that *may*
+have been made (``split_calls``). A verdict stands only if it holds whichever way such calls
+went; else it is indeterminate, naming the call.
+
 A CEL expression (``arg_satisfies``, ``expr``) that may read a stand-in in trace values (a
 placeholder, a redaction marker: ``read_stand_in``) is indeterminate without being evaluated:
 it would decide on the stand-in's text, "<REDACTED>" != "boss@corp.com" a false pass.
@@ -124,12 +129,14 @@ class Run:
         return self.trajectory.steps
 
     def last_call_before(self, tools: Tools, index: int) -> Step | None:
-        """The last successful call of ``tools`` before step ``index``: from an index of those
+        """The last call of ``tools`` before step ``index`` that may have succeeded (a call only
+        the model's request records included: the caller tells it apart): from an index of those
         calls built on first use (O(steps) once, then O(log calls) a lookup), so an argument
         check that reads an earlier step stays linear in the trajectory."""
         calls = self._calls.get(tools)
         if calls is None:
-            found = _calls(self.trajectory.steps, tools)
+            made, maybe = split_calls(self.trajectory.steps, tools)
+            found = sorted(made + maybe, key=_index)
             calls = self._calls[tools] = ([s.index for s in found], found)
         at = bisect.bisect_left(calls[0], index)
         return calls[1][at - 1] if at else None
@@ -167,7 +174,8 @@ class Run:
     ) -> tuple[Step | None, str] | None:
         """A stand-in ``expression`` may read, and where: in ``call``'s arguments or result, in
         one of ``steps`` when it reads them, or in the context. (The step holding it, or None
-        for the context; what it is), or None when it reads none."""
+        for the context; what it is), or None when it reads none. The ``error`` of a call only
+        the model's request records is one: null there says nothing about how the call ended."""
         if call is not None and expression.value_roots:
             what = read_stand_in(self, expression, call)
             if what is not None:
@@ -176,6 +184,11 @@ class Run:
             found = self.stand_in_in_steps(expression, steps)
             if found is not None:
                 return found
+            if "error" in expression.words:
+                unsure = next((s for s in steps if s.kind == "tool" and s.source != "span"), None)
+                if unsure is not None:
+                    at = self.where(unsure)
+                    return unsure, f"the error of {unsure.name} at {at} is unknown (only a model's request records it)"
         what = self.ctx_stand_in(expression)
         return None if what is None else (None, what)
 
@@ -270,8 +283,64 @@ def step_summary(run: Run, s: Step) -> dict[str, Any]:
     return out
 
 
-def _calls(steps: Sequence[Step], tools: Tools, *, attempts: bool = False) -> list[Step]:
-    return [s for s in steps if s.kind == "tool" and s.name in tools and (attempts or s.error is None)]
+def _index(s: Step) -> int:
+    return s.index
+
+
+def split_calls(steps: Sequence[Step], tools: Tools, *, attempts: bool = False) -> tuple[list[Step], list[Step]]:
+    """The calls of ``tools`` the trace shows made, and those it cannot tell. Made: a tool span
+    without an error (with ``attempts``, any tool span, and a requested call whose result went
+    back to the model). Cannot tell: a call only the model's request records, which may have
+    failed, or not run when its result was not seen."""
+    made: list[Step] = []
+    maybe: list[Step] = []
+    for s in steps:
+        if s.kind != "tool" or s.name not in tools:
+            continue
+        if s.source == "span":
+            if attempts or s.error is None:
+                made.append(s)
+        elif attempts and s.result_status != "absent":
+            made.append(s)
+        else:
+            maybe.append(s)
+    return made, maybe
+
+
+def unsure_text(run: Run, s: Step) -> str:
+    """Why a call only the model's request records does not count for sure."""
+    how = "how it ended" if s.result_status != "absent" else "whether it ran"
+    return f"{s.name} at {run.where(s)} was asked for by the model, and no tool span records {how}"
+
+
+# Calls the trace cannot tell about that a check goes through every outcome of (2^n runs).
+MAX_UNSURE_CALLS: Final = 8
+
+
+def over_unsure_calls(
+    run: Run, steps: Sequence[Step], tools: Tools | None, decide: Callable[[Run, Sequence[Step]], Outcome]
+) -> Outcome:
+    """``decide`` whichever way the calls of ``tools`` (None: of any tool) only the model's
+    request records went: each in or out of the steps (a failed call did not happen), the
+    verdict all ways give, else indeterminate. For checks whose verdict turns on the order of
+    calls, not just their number."""
+    maybe = [s for s in steps if s.kind == "tool" and s.source != "span" and (tools is None or s.name in tools)]
+    if not maybe:
+        return decide(run, steps)
+    if len(maybe) > MAX_UNSURE_CALLS:
+        return Outcome("indeterminate", maybe[0], f"{len(maybe)} tool calls it reads were asked for by the model "
+                       "and no tool span records them (first: " + unsure_text(run, maybe[0]) + ")")  # fmt: skip
+    unsure = {id(s) for s in maybe}
+    base = decide(run, [s for s in steps if id(s) not in unsure])
+    for chosen in range(1, 1 << len(maybe)):
+        left_out = {id(s) for i, s in enumerate(maybe) if not chosen >> i & 1}
+        other = decide(run, [s for s in steps if id(s) not in left_out])
+        if other.verdict != base.verdict:
+            taken = next(s for i, s in enumerate(maybe) if chosen >> i & 1)
+            return Outcome("indeterminate", taken, f"{base.verdict} or {other.verdict}, as "
+                           + unsure_text(run, taken) + f" ({base.message or other.message})", base.expected,
+                           base.got)  # fmt: skip
+    return base
 
 
 class Check:
@@ -292,10 +361,13 @@ class MustCall(Check):
         self.tools = tools
 
     def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
-        if _calls(steps, self.tools):
+        made, maybe = split_calls(steps, self.tools)
+        if made:
             return PASS
-        failed = _calls(steps, self.tools, attempts=True)
         expected = f"a successful call of {tools_text(self.tools)}"
+        if maybe:
+            return Outcome("indeterminate", maybe[0], unsure_text(run, maybe[0]), expected, "a requested call")
+        failed = split_calls(steps, self.tools, attempts=True)[0]
         got = f"{len(failed)} failed call(s)" if failed else "no call"
         if not run.complete:
             return Outcome(
@@ -313,8 +385,11 @@ class NeverCall(Check):
         self.attempts = attempts
 
     def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
-        calls = _calls(steps, self.tools, attempts=self.attempts)
+        calls, maybe = split_calls(steps, self.tools, attempts=self.attempts)
         if not calls:
+            if maybe:
+                return Outcome("indeterminate", maybe[0], unsure_text(run, maybe[0]),
+                               f"no call of {tools_text(self.tools)}", step_summary(run, maybe[0]))  # fmt: skip
             return PASS
         s = calls[0]
         what = "attempted" if s.error is not None else "called"
@@ -331,8 +406,8 @@ class CallCount(Check):
         self.tools, self.low, self.high = tools, low, high
 
     def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
-        calls = _calls(steps, self.tools)
-        n = len(calls)
+        calls, maybe = split_calls(steps, self.tools)
+        n, m = len(calls), len(maybe)
         name = tools_text(self.tools)
         if self.high is not None and n > self.high:
             s = calls[self.high]
@@ -340,11 +415,19 @@ class CallCount(Check):
                 "fail", s, f"{name} called successfully {n} times, at most {self.high} allowed; "
                 f"call {self.high + 1} is {run.where(s)}{run.index_note}", f"at most {self.high}", n,
             )  # fmt: skip
-        if self.low is not None and n < self.low:
+        over = self.high is not None and n + m > self.high
+        if maybe and (over or (self.low is not None and n < self.low <= n + m)):
+            limits = (f"at least {self.low}" if self.low is not None else "",
+                      f"at most {self.high}" if self.high is not None else "")  # fmt: skip
+            bounds = " and ".join(text for text in limits if text)
+            return Outcome("indeterminate", maybe[0], f"{name}: {n} successful call(s) and {m} more that may have "
+                           f"been (first: {unsure_text(run, maybe[0])}), {bounds} allowed", bounds, n)  # fmt: skip
+        if self.low is not None and n + m < self.low:
             if not run.complete:
                 return Outcome("indeterminate", None, f"{name}: {n} of at least {self.low} calls so far; "
                                "the trajectory is incomplete", f"at least {self.low}", n)  # fmt: skip
-            return Outcome("fail", None, f"{name} called successfully {n} times, at least {self.low} required",
+            also = f" (and {m} more that may have been)" if m else ""
+            return Outcome("fail", None, f"{name} called successfully {n} times{also}, at least {self.low} required",
                            f"at least {self.low}", n)  # fmt: skip
         return PASS
 
@@ -356,8 +439,12 @@ class Precedes(Check):
 
     def __init__(self, first: Tools, then: Tools) -> None:
         self.first, self.then = first, then
+        self.read = first | then
 
     def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
+        return over_unsure_calls(run, steps, self.read, self.decide)
+
+    def decide(self, run: Run, steps: Sequence[Step]) -> Outcome:
         for s in steps:
             if s.kind != "tool" or s.error is not None:
                 continue
@@ -374,8 +461,12 @@ class Precedes(Check):
 class Responds(Check):
     def __init__(self, trigger: Tools, then: Tools) -> None:
         self.trigger, self.then = trigger, then
+        self.read = trigger | then
 
     def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
+        return over_unsure_calls(run, steps, self.read, self.decide)
+
+    def decide(self, run: Run, steps: Sequence[Step]) -> Outcome:
         waiting: Step | None = None
         for s in steps:
             if s.kind != "tool" or s.error is not None:
@@ -404,11 +495,25 @@ class ArgumentCheck(Check):
         self.tools, self.arg, self.path = tools, arg, path
 
     def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
-        calls = _calls(steps, self.tools)
-        if not calls:
+        calls, maybe = split_calls(steps, self.tools)
+        if not calls and not maybe:
             verdict: VerdictValue = "not_applicable" if run.complete else "indeterminate"
             return Outcome(verdict, None, f"no successful call of {tools_text(self.tools)}"
                            + ("" if run.complete else " yet; the trajectory is incomplete"))  # fmt: skip
+        out = self.check_calls(run, calls)
+        if out.verdict == "fail" or not maybe:
+            return out
+        # A call that may not have succeeded: checked, but its fail (or pass, with no call surely
+        # made: then it may be not applicable) is not the verdict.
+        unsure = self.check_calls(run, maybe)
+        if unsure.verdict == "fail" or (unsure.verdict == "pass" and not calls):
+            s = unsure.step or maybe[0]
+            detail = f" ({unsure.message})" if unsure.message else ""
+            return Outcome("indeterminate", s, f"{unsure_text(run, s)}{detail}", unsure.expected, unsure.got)
+        return out if out.verdict == "indeterminate" or unsure.verdict == "pass" else unsure
+
+    def check_calls(self, run: Run, calls: Sequence[Step]) -> Outcome:
+        """Fail at the first failing call, else indeterminate at the first undecidable, else pass."""
         undecided: Outcome | None = None
         for s in calls:
             if s.args_status != "captured":
@@ -549,13 +654,17 @@ class Budget(Check):
             elif name == "max_tokens":
                 out = _tokens(run, steps, int(limit), locate)
             else:
-                counted = _BUDGET_COUNTS[name](steps)
+                counted, maybe = _BUDGET_COUNTS[name](steps)
                 out = PASS
+                what = name.removeprefix("max_").replace("_", " ")
                 if len(counted) > limit:
                     s = counted[int(limit)]
-                    what = name.removeprefix("max_").replace("_", " ")
                     where = f"the limit was crossed at {run.where(s)}" if locate else _CROSSING_LATER
                     out = Outcome("fail", s if locate else None, f"{what} {len(counted)} > {limit}; {where}",
+                                  f"<= {limit}", len(counted))  # fmt: skip
+                elif len(counted) + len(maybe) > limit:
+                    out = Outcome("indeterminate", maybe[0], f"{what} {len(counted)}, and {len(maybe)} more that may "
+                                  f"count (first: {unsure_text(run, maybe[0])}), against at most {limit}",
                                   f"<= {limit}", len(counted))  # fmt: skip
             if out.verdict == "fail":
                 return out
@@ -564,11 +673,29 @@ class Budget(Check):
         return unknown or PASS
 
 
-_BUDGET_COUNTS: Final[dict[str, Callable[[Sequence[Step]], list[Step]]]] = {
-    "max_steps": lambda steps: list(steps),
-    "max_tool_calls": lambda steps: [s for s in steps if s.kind == "tool"],
-    "max_llm_calls": lambda steps: [s for s in steps if s.kind == "llm"],
-    "max_tool_errors": lambda steps: [s for s in steps if s.kind == "tool" and s.error is not None],
+def _tool_calls(steps: Sequence[Step]) -> tuple[list[Step], list[Step]]:
+    """Tool calls that ran, and those that may have: a call only the model's request records
+    whose result was never given back."""
+    ran: list[Step] = []
+    maybe: list[Step] = []
+    for s in steps:
+        if s.kind == "tool":
+            (ran if s.source == "span" or s.result_status != "absent" else maybe).append(s)
+    return ran, maybe
+
+
+def _tool_errors(steps: Sequence[Step]) -> tuple[list[Step], list[Step]]:
+    """Tool calls that failed, and those that may have: any call only the model's request records."""
+    failed = [s for s in steps if s.kind == "tool" and s.error is not None]
+    return failed, [s for s in steps if s.kind == "tool" and s.source != "span"]
+
+
+# Per budget: the steps it surely counts, and those it may count.
+_BUDGET_COUNTS: Final[dict[str, Callable[[Sequence[Step]], tuple[list[Step], list[Step]]]]] = {
+    "max_steps": lambda steps: (list(steps), []),
+    "max_tool_calls": _tool_calls,
+    "max_llm_calls": lambda steps: ([s for s in steps if s.kind == "llm"], []),
+    "max_tool_errors": _tool_errors,
 }
 # On a trajectory still in flight, where a limit was crossed is known only for the tool-call
 # limits: the spans still to come start earlier than those seen and shift the crossing point of

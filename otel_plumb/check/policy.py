@@ -109,7 +109,7 @@ def _glob_ok(pattern: Regex | None, value: str | None) -> bool:
 class Scope:
     """Limits a check to part of the trajectory, anchored on successful calls."""
 
-    __slots__ = ("kind", "start", "stop")
+    __slots__ = ("ends", "kind", "start", "stop")
 
     def __init__(self, spec: sc.Scope) -> None:
         if spec.after is not None:
@@ -119,8 +119,9 @@ class Scope:
         else:
             assert spec.between is not None
             self.kind, self.start, self.stop = "between", _tools(spec.between[0]), _tools(spec.between[1])
+        self.ends = self.start | self.stop
 
-    def select(self, steps: list[Step]) -> list[Step] | None:
+    def select(self, steps: Sequence[Step]) -> Sequence[Step] | None:
         """The steps in scope, or None when the scope's opening call never happened."""
         lo = 0
         if self.start:
@@ -142,7 +143,7 @@ class Scope:
         return f"between {ck.tools_text(self.start)} and {ck.tools_text(self.stop)}"
 
 
-def _first_call(steps: list[Step], tools: ck.Tools, start: int) -> int | None:
+def _first_call(steps: Sequence[Step], tools: ck.Tools, start: int) -> int | None:
     for i in range(start, len(steps)):
         s = steps[i]
         if s.kind == "tool" and s.error is None and s.name in tools:
@@ -206,6 +207,16 @@ class CompiledInvariant:
             got=outcome.got,
         )
 
+    def _run_in_scope(self, run: ck.Run, steps: Sequence[Step]) -> ck.Outcome:
+        assert self.scope is not None
+        scoped = self.scope.select(steps)
+        if scoped is None:
+            if not run.complete:
+                return ck.Outcome("indeterminate", None, f"scope {self.scope.text()} not opened yet; "
+                                  "the trajectory is incomplete")  # fmt: skip
+            return ck.Outcome("not_applicable", None, f"scope {self.scope.text()}: never happened")
+        return self.check.run(run, scoped)
+
     def evaluate(self, run: ck.Run) -> Verdict:
         return self.verdict(self.outcome(run), run)
 
@@ -229,16 +240,10 @@ class CompiledInvariant:
                     why = f"trajectory {run.reason or 'incomplete'}: spans still to come may change it"
                     return ck.Outcome("indeterminate", None, f"when {self.guard.source} is false so far; {why}")
                 return ck.Outcome("not_applicable", None, f"when {self.guard.source} is false")
-        steps = t.steps
-        if self.scope is not None:
-            scoped = self.scope.select(steps)
-            if scoped is None:
-                if not run.complete:
-                    return ck.Outcome("indeterminate", None, f"scope {self.scope.text()} not opened yet; "
-                                      "the trajectory is incomplete")  # fmt: skip
-                return ck.Outcome("not_applicable", None, f"scope {self.scope.text()}: never happened")
-            steps = scoped
-        out = self.check.run(run, steps)
+        if self.scope is None:
+            out = self.check.run(run, t.steps)
+        else:
+            out = ck.over_unsure_calls(run, t.steps, self.scope.ends, self._run_in_scope)
         # On an incomplete trajectory more spans could still undo a pass, or a fail of a non-monotone
         # check, or (when spans were lost, not just not yet arrived) a fail that needs an earlier step.
         # And a fail that spans still to come may take out of the check's reach: an earlier
@@ -681,6 +686,8 @@ def _expected_source(
             src = run.last_call_before(source, step.index)
             if src is None:
                 return None, f"no successful {ck.tools_text(source)} before {run.where(step)}"
+            if src.source != "span":  # if it failed, an earlier call holds the value
+                return None, ck.unsure_text(run, src)
             status = src.result_status if use_result else src.args_status
             if status != "captured":
                 return None, f"{what} of {run.where(src)} ({src.name}) is {status}"

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from otel_plumb.check.align import AlignedPair, align
-from otel_plumb.check.checks import PASS, Check, Outcome, Run
+from otel_plumb.check.checks import PASS, Check, Outcome, Run, over_unsure_calls
 from otel_plumb.check.schema import ArgsMode, ReferenceMode
 from otel_plumb.check.values import MISSING, Unreadable, equal, plain, stand_in_within
 from otel_plumb.model import Step
@@ -162,6 +162,9 @@ class MatchesReference(Check):
         reference, unknown = self.reference(run)
         if reference is None:
             return Outcome("indeterminate", None, f"no reference trajectory: {unknown}")
+        return over_unsure_calls(run, steps, None, lambda run, steps: self.compare(run, steps, reference))
+
+    def compare(self, run: Run, steps: Sequence[Step], reference: list[ReferenceCall]) -> Outcome:
         calls = [s for s in steps if s.kind == "tool" and s.error is None]
         for s in calls:
             if self._args_mode(s.name) != "ignore" and s.args_status != "captured":
