@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from otel_plumb.check import CompiledPolicy, load_policy
 from otel_plumb.model import Step, Trajectory
 from otel_plumb.replay import ReplayStats, iter_trajectories
+from otel_plumb.report.coverage import coverage_report
 
 FIXTURES = Path(__file__).parent / "fixtures" / "conventions"
 
@@ -154,6 +155,8 @@ def test_calls_the_openai_client_instrumentations_record_only_as_requests_are_no
         # Either order of outcomes for the two calls: lookup failed and payment succeeded fails it.
         assert v["order"].verdict == "indeterminate", (fixture, v["order"].message)
         assert v["unknown-tool"].verdict == "pass", fixture
+        notes = coverage_report([t])["notes"]
+        assert any("2 tool calls were read from model output" in n and "indeterminate" in n for n in notes), notes
 
 
 def test_a_scope_opened_by_a_requested_call_is_not_taken_as_opened() -> None:

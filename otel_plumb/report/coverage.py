@@ -218,7 +218,8 @@ class CoverageCounter:
         if self.tool_calls_from_output:
             notes.append(
                 f"{self.tool_calls_from_output} tool calls were read from model output messages, not from tool "
-                "spans: their results and errors are known only when the next model call shows them."
+                "spans: whether they ran and succeeded is not recorded, so checks that turn on it are "
+                "indeterminate (instrument the tools, a span per call, to have them decided)."
             )
         no_tools = sum(self.llm_without_tools.values())
         if no_tools:
