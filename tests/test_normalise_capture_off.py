@@ -116,7 +116,9 @@ def test_every_tool_check_is_indeterminate_when_tool_calls_are_hidden(name, poli
 
 
 @pytest.mark.parametrize("name", VISIBLE)
-def test_with_content_on_the_requested_calls_are_steps_and_checks_decide(name, policy):
+def test_with_content_on_the_requested_calls_are_steps_and_checks_decide_what_requests_show(name, policy):
+    """The requests are steps; how each call went is not recorded (no tool span): what turns on
+    it is indeterminate, naming the call, and what holds however it went is decided."""
     t = trajectory_of(name)
     assert t.complete and t.incomplete_reason is None
     assert [(s.name, s.source) for s in t.tool_steps] == [
@@ -124,9 +126,17 @@ def test_with_content_on_the_requested_calls_are_steps_and_checks_decide(name, p
         ("send_payment", "llm_output"),
     ]
     assert not any("not captured" in p for p in t.problems)
-    verdicts = policy.evaluate(t)
-    assert {v.verdict for v in verdicts} == {"pass"}
-    assert trajectory_status(t, verdicts) == "conformant"
+    verdicts = {v.invariant: v for v in policy.evaluate(t)}
+    assert {k: v.verdict for k, v in verdicts.items()} == {
+        "must-pay": "indeterminate",
+        "never-delete": "pass",
+        "pay-once": "indeterminate",
+        "pay-amount": "indeterminate",
+        "look-before-pay": "indeterminate",
+    }
+    assert "send_payment at step" in verdicts["must-pay"].message
+    assert "asked for by the model" in verdicts["pay-amount"].message
+    assert trajectory_status(t, list(verdicts.values())) == "indeterminate"
 
 
 def test_parallel_calls_in_one_response_get_their_results_by_call_id():
