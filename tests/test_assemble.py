@@ -783,3 +783,53 @@ def test_whether_a_trace_is_one_tree_is_kept_as_spans_arrive(spans, max_spans):
         ids = {s.span_id for s in buf.spans}
         walked = sum(1 for s in buf.spans if s.parent_span_id not in ids) == 1
         assert buf.single_tree() == walked
+
+
+# ---------------------------------------------------------------------------------------------
+# One call recorded by two instrumentations at once (each in a subtree of its own) counts once.
+
+
+def test_a_call_two_instrumentations_record_counts_once_and_keeps_the_fuller_record():
+    spans = [
+        tool("r", None, 0, 100, "agent", "agent", convention="x"),
+        tool("oi", "r", 10, 50, args="ORD-1", args_status="captured", convention="openinference"),
+        tool("ol", "r", 12, 52, args={"order_id": "ORD-1"}, args_status="captured", convention="traceloop",
+             tool_call_id="c1", result={"ok": 1}, result_status="captured"),
+        tool("m1", "r", 60, 70, "gpt", "llm", convention="openinference"),
+        tool("m2", "r", 61, 71, "gpt", "llm", convention="otel_genai", tokens=12),
+    ]
+    t = build_trajectory("t1", spans)
+    (call,) = t.tool_steps
+    assert call.span_id == "oi" and call.args == {"order_id": "ORD-1"} and call.result == {"ok": 1}
+    assert call.tool_call_id == "c1"
+    assert [(s.span_id, s.tokens) for s in t.steps if s.kind == "llm"] == [("m1", 12)]
+    assert not t.problems
+
+
+def test_records_that_may_be_two_calls_are_never_merged():
+    r = tool("r", None, 0, 100, "agent", "agent", convention="x")
+
+    def tool_steps(*spans):
+        return [s.span_id for s in build_trajectory("t1", [r, *spans]).tool_steps]
+
+    # One convention: two calls (parallel), however close.
+    assert tool_steps(tool("a", "r", 10, 50, convention="oi"), tool("b", "r", 10, 50, convention="oi")) == ["a", "b"]
+    # Apart in time, other names, other services: other calls.
+    assert tool_steps(tool("a", "r", 10, 20, convention="oi"), tool("b", "r", 30, 40, convention="ol")) == ["a", "b"]
+    assert len(tool_steps(tool("a", "r", 10, 50, convention="oi"),
+                          tool("b", "r", 11, 51, "refund", convention="ol"))) == 2  # fmt: skip
+    other_service = tool("b", "r", 11, 51, convention="ol", attributes={"service.name": "billing"})
+    assert tool_steps(tool("a", "r", 10, 50, convention="oi", attributes={"service.name": "agent"}),
+                      other_service) == ["a", "b"]  # fmt: skip
+    # Two parallel calls recorded by each: paired in start order, one step per call.
+    both = [tool("a", "r", 10, 50, convention="oi", tool_call_id="c1"), tool("b", "r", 11, 51, convention="oi"),
+            tool("c", "r", 12, 52, convention="ol"), tool("d", "r", 13, 53, convention="ol", tool_call_id="c2")]
+    assert tool_steps(*both) == ["a", "b"]
+    # Tool-call ids that differ, or counts that differ: which records one call cannot be told.
+    for spans in ([tool("a", "r", 10, 50, convention="oi", tool_call_id="c1"),
+                   tool("b", "r", 11, 51, convention="ol", tool_call_id="c2")],
+                  [tool("a", "r", 10, 50, convention="oi"), tool("b", "r", 11, 51, convention="oi"),
+                   tool("c", "r", 12, 52, convention="ol")]):  # fmt: skip
+        t = build_trajectory("t1", [r, *spans])
+        assert len(t.tool_steps) == len(spans)
+        assert any("cannot be paired" in p for p in t.problems)

@@ -55,14 +55,28 @@ def agent_runs(draw: Any) -> list[NormalisedSpan]:
     service = draw(st.sampled_from(["billing-api", "support"]))
     content = draw(st.booleans())  # the model's tool calls are captured
     tool_spans = draw(st.booleans()) or not content  # tool execution is traced
+    # Two instrumentations at once: each tool and model call recorded again, by another
+    # convention, its times a little later (the second instrumentation's callback runs second).
+    twice = draw(st.integers(0, 3)) == 0
 
-    def add(kind: str, name: str, parent: str | None, start: int, end: int, **kw: Any) -> str:
+    def add(kind: str, name: str, parent: str | None, start: int, end: int, convention: str = "test",
+            **kw: Any) -> str:  # fmt: skip
         span_id = f"s{next(ids)}"
         spans.append(NormalisedSpan(
             trace_id="t", span_id=span_id, parent_span_id=parent, span_name=name, start_ns=start * 1000,
-            end_ns=end * 1000, kind=kind, name=name, convention="test", attributes={"service.name": service}, **kw,
+            end_ns=end * 1000, kind=kind, name=name, convention=convention, attributes={"service.name": service},
+            **kw,
         ))  # fmt: skip
         return span_id
+
+    def again(index: int) -> None:
+        """The span at ``index`` recorded again by the second instrumentation (the tool-call id
+        it may not have), once its end is known."""
+        first = spans[index]
+        add(first.kind, first.name, first.parent_span_id, 0, 0, "test2", error=first.error, tokens=first.tokens,
+            tool_call_id=first.tool_call_id if draw(st.booleans()) else None)  # fmt: skip
+        shift = draw(st.integers(1, 400))
+        spans[-1].start_ns, spans[-1].end_ns = first.start_ns + shift, first.end_ns + shift
 
     def run(agent: str, parent: str | None, start: int, depth: int) -> int:
         """One agent's run from ``start``: its span and everything under it; returns its end."""
@@ -77,6 +91,8 @@ def agent_runs(draw: Any) -> list[NormalisedSpan]:
             tokens = draw(st.one_of(st.none(), st.integers(0, 40)))
             llm = add("llm", "chat", agent_id, t, t_end, tokens=tokens, requested_calls=requested if content else (),
                       hidden_tool_calls=bool(calls) and not content)  # fmt: skip
+            if twice:
+                again(len(spans) - 1)
             if draw(st.booleans()):  # the client library's span inside the framework's
                 add("llm", "chat", llm, t + 1, t_end - 1, tokens=draw(st.one_of(st.none(), st.integers(0, 40))))
             t = t_end + 1
@@ -107,6 +123,8 @@ def agent_runs(draw: Any) -> list[NormalisedSpan]:
                 else:
                     end = begin + draw(st.integers(1, 20))
                 spans[index].end_ns = end * 1000
+                if twice and shape != "sub-agent":
+                    again(index)
                 ends.append(end)
             t = max(ends) + 1
             if turn_parent != agent_id:
@@ -151,3 +169,17 @@ def test_every_early_failure_is_a_failure_of_the_final_verdict(which: int, spans
     cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(spans) - 1)), max_size=len(spans))))
     early, final = _early_and_final(which, spans, cuts)
     assert early <= final
+
+
+@settings(max_examples=150, deadline=None)
+@given(agent_runs())
+def test_a_second_instrumentation_recording_every_call_again_changes_no_verdict(spans: list[NormalisedSpan]) -> None:
+    """Save ``max_steps``, which counts every span's step (the second instrumentation's too)."""
+    once = [s for s in spans if s.convention != "test2"]
+    for policies in SETS:
+        for p in policies:
+            counted = [i for i, inv in enumerate(p.invariants) if "max_steps" not in getattr(inv.check, "limits", {})]
+            twice, single = p.evaluate(build_trajectory("t", spans)), p.evaluate(build_trajectory("t", once))
+            assert [(twice[i].invariant, twice[i].verdict) for i in counted] == [
+                (single[i].invariant, single[i].verdict) for i in counted
+            ], p.name

@@ -90,8 +90,8 @@ class EarlyState:
     """What the early invariants need to know of one trace in flight, updated span by span."""
 
     __slots__ = ("arrived", "end", "fruitless", "hidden_calls", "last_attributes", "latest_llm", "llm_spans",
-                 "open_turns", "own_ids", "recheck_at", "recorded_again", "reordered", "services", "spans", "start",
-                 "tokens", "tool_errors", "tool_spans", "tools", "watched")  # fmt: skip
+                 "open_turns", "own_ids", "recheck_at", "recorded_again", "recorders", "reordered", "services",
+                 "spans", "start", "tokens", "tool_errors", "tool_spans", "tools", "watched")  # fmt: skip
 
     def __init__(self, watched: frozenset[str], arrived: Container[str] | None = None) -> None:
         self.watched = watched
@@ -105,8 +105,11 @@ class EarlyState:
         # An MCP record of a tool call arrived: a framework's tool span around records of one call
         # (a retry inside it), arriving later, makes them one step (``assemble.trajectory``), so
         # the partial trajectory may count more calls and errors than the final one. Nothing is
-        # checked early on such a trace.
+        # checked early on such a trace. So with a tool or model call of one name recorded by two
+        # conventions (two instrumentations at once: their records become one step).
         self.recorded_again = False
+        # The convention of each tool or model call name's first span (``recorded_again``).
+        self.recorders: dict[tuple[str, str], str] = {}
         self.tools: dict[str, _Tool] = {}
         # The services its spans came from (for applies_to), and the attributes last read for one.
         self.services: set[str] = set()
@@ -149,6 +152,10 @@ class EarlyState:
         kind = span.kind
         if self.open_turns:
             self._end_turns(span)
+        if (kind == "tool" or kind == "llm") and not self.recorded_again:
+            first = self.recorders.setdefault((kind, span.name), span.convention)
+            if first != span.convention:
+                self.recorded_again = True
         if kind == "tool":
             self.tool_spans += 1
             if span.convention == "mcp":
