@@ -821,15 +821,18 @@ def test_records_that_may_be_two_calls_are_never_merged():
     other_service = tool("b", "r", 11, 51, convention="ol", attributes={"service.name": "billing"})
     assert tool_steps(tool("a", "r", 10, 50, convention="oi", attributes={"service.name": "agent"}),
                       other_service) == ["a", "b"]  # fmt: skip
-    # Two parallel calls recorded by each: paired in start order, one step per call.
-    both = [tool("a", "r", 10, 50, convention="oi", tool_call_id="c1"), tool("b", "r", 11, 51, convention="oi"),
-            tool("c", "r", 12, 52, convention="ol"), tool("d", "r", 13, 53, convention="ol", tool_call_id="c2")]
+    # Two parallel calls recorded by each: paired by tool-call id, else the closest in time.
+    both = [tool("a", "r", 10, 50, convention="oi", tool_call_id="c1"),
+            tool("b", "r", 11, 51, convention="oi", tool_call_id="c2"),
+            tool("c", "r", 12, 52, convention="ol", tool_call_id="c1"),
+            tool("d", "r", 13, 53, convention="ol", tool_call_id="c2")]  # fmt: skip
     assert tool_steps(*both) == ["a", "b"]
-    # Tool-call ids that differ, or counts that differ: which records one call cannot be told.
-    for spans in ([tool("a", "r", 10, 50, convention="oi", tool_call_id="c1"),
-                   tool("b", "r", 11, 51, convention="ol", tool_call_id="c2")],
-                  [tool("a", "r", 10, 50, convention="oi"), tool("b", "r", 11, 51, convention="oi"),
-                   tool("c", "r", 12, 52, convention="ol")]):  # fmt: skip
-        t = build_trajectory("t1", [r, *spans])
-        assert len(t.tool_steps) == len(spans)
-        assert any("cannot be paired" in p for p in t.problems)
+    unnamed = [tool("a", "r", 10, 50, convention="oi"), tool("b", "r", 20, 60, convention="oi"),
+               tool("c", "r", 11, 51, convention="ol"), tool("d", "r", 21, 61, convention="ol")]  # fmt: skip
+    assert tool_steps(*unnamed) == ["a", "b"]
+    # Tool-call ids that differ: two calls. Counts that differ: the closest records pair up.
+    ids = [tool("a", "r", 10, 50, convention="oi", tool_call_id="c1"),
+           tool("b", "r", 11, 51, convention="ol", tool_call_id="c2")]  # fmt: skip
+    assert tool_steps(*ids) == ["a", "b"]
+    assert tool_steps(tool("a", "r", 10, 90, convention="oi"), tool("b", "r", 40, 50, convention="oi"),
+                      tool("c", "r", 41, 51, convention="ol")) == ["a", "b"]  # fmt: skip

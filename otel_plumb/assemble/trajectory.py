@@ -179,7 +179,7 @@ def build_trajectory(
     if len(tool_steps) > 1:
         _merge_nested_tool_calls(steps, by_id)
     if len(tool_steps) > 1 or llm_spans > 1:
-        problems.extend(_merge_calls_recorded_twice(steps, by_id))
+        _merge_calls_recorded_twice(steps, by_id)
     if asking:
         _order_parallel_calls(steps, asking)
     if tool_steps or requested:  # a handoff is a tool call, and may name the agent steps inherit
@@ -715,85 +715,78 @@ def _merge_nested_tool_calls(steps: list[Step], by_id: dict[str, NormalisedSpan]
             ready.append(outer)
 
 
-def _merge_calls_recorded_twice(steps: list[Step], by_id: dict[str, NormalisedSpan]) -> list[str]:
+def _merge_calls_recorded_twice(steps: list[Step], by_id: dict[str, NormalisedSpan]) -> None:
     """One call recorded by two instrumentations at once counts once. OpenInference's and
     OpenLLMetry's LangChain instrumentations both on record every tool and model call, each in a
-    subtree of its own (never one inside the other), in one trace, a little apart in time.
+    subtree of its own (never one inside the other), in one trace, a fraction of a millisecond
+    apart (their callbacks run one after the other).
 
-    Tool (or model) call steps of one name, trace and service are cut into clusters of steps
-    whose times overlap, one after another. A cluster holding steps of several conventions, the
-    same number k of each, is k calls, each recorded once by every convention: the i-th step of
-    each (by start) are one call, kept as the i-th of the convention that recorded first, which
-    takes what it lacks from the others (arguments as a mapping where it has a bare value,
-    result, tool-call id, tokens) when their times overlap and their tool-call ids agree; the
-    others become ``other`` steps. Steps of one convention are never merged: an instrumentation
-    records a call once, so two overlapping steps of its own are two calls (parallel, or a
-    retry). A cluster whose counts differ, or whose i-th steps carry different tool-call ids,
-    cannot be paired: it is left as it is, and the problem returned says so.
+    Two tool (or model) call steps of one name, trace and service, from different conventions,
+    whose times overlap and whose tool-call ids do not differ, may be one call; of those pairs,
+    the closest in time (start and end) are taken first, each step in one pair at most. The
+    earlier-starting step of a pair is kept and takes what it lacks from the other (arguments
+    as a mapping where it has a bare value, result, tool-call id, tokens), which becomes an
+    ``other`` step. Steps of one convention are never paired: an instrumentation records a call
+    once, so two overlapping steps of its own are two calls (parallel, or a retry).
 
-    Cost: O(steps log steps) (a sort per name, then one pass)."""
-    groups: dict[tuple[str, str, str, object], list[Step]] = {}
-    conventions: set[str] = set()
+    Cost: O(steps log steps): a sort per name, then each step is compared with at most
+    ``_TWIN_SCAN`` steps that start after it while it runs."""
+    # Recorded by one convention only (the usual case): nothing to pair, one cheap pass.
+    first: str | None = None
     for st in steps:
         if (st.kind == "tool" or st.kind == "llm") and st.source == "span":
-            conventions.add(st.convention)
+            if first is None:
+                first = st.convention
+            elif st.convention != first:
+                break
+    else:
+        return
+    groups: dict[tuple[str, str, str, object], list[Step]] = {}
+    for st in steps:
+        if (st.kind == "tool" or st.kind == "llm") and st.source == "span":
             span = by_id.get(st.span_id)
             service = span.attributes.get("service.name") if span is not None else None
             groups.setdefault((st.kind, st.name, st.trace_id, service), []).append(st)
-    problems: list[str] = []
-    if len(conventions) < 2:
-        return problems
     for group in groups.values():
         if len(group) < 2:
             continue
         group.sort(key=_times)
-        cluster = [group[0]]
-        end = group[0].end_ns
-        for st in group[1:]:
-            if st.start_ns > end:
-                _merge_cluster(cluster, problems)
-                cluster, end = [], st.end_ns
-            cluster.append(st)
-            end = max(end, st.end_ns)
-        _merge_cluster(cluster, problems)
-    return problems
+        pairs: list[tuple[int, int, int]] = []  # (distance, earlier, later) by position in group
+        for i, st in enumerate(group):
+            for j in range(i + 1, min(len(group), i + 1 + _TWIN_SCAN)):
+                other = group[j]
+                if other.start_ns > st.end_ns:
+                    break
+                if other.convention != st.convention and (
+                    not st.tool_call_id or not other.tool_call_id or st.tool_call_id == other.tool_call_id
+                ):
+                    distance = other.start_ns - st.start_ns + abs(other.end_ns - st.end_ns)
+                    pairs.append((distance, i, j))
+        pairs.sort()
+        paired: set[int] = set()
+        for _, i, j in pairs:
+            if i in paired or j in paired:
+                continue
+            paired.update((i, j))
+            _take_twin(group[i], group[j])
+
+
+# How many steps of one name starting while a step runs are looked at for its twin.
+_TWIN_SCAN: Final = 8
 
 
 def _times(st: Step) -> tuple[int, int]:
     return st.start_ns, st.end_ns
 
 
-def _merge_cluster(cluster: list[Step], problems: list[str]) -> None:
-    """See ``_merge_calls_recorded_twice``: ``cluster`` in start order."""
-    if len(cluster) < 2:
-        return
-    by_convention: dict[str, list[Step]] = {}
-    for st in cluster:
-        by_convention.setdefault(st.convention, []).append(st)
-    if len(by_convention) < 2:
-        return
-    records = list(by_convention.values())  # the convention that recorded first, first
-    calls = [list(call) for call in zip(*records, strict=False)]
-    ids = [{st.tool_call_id for st in call if st.tool_call_id} for call in calls]
-    if any(len(r) != len(calls) for r in records) or any(len(found) > 1 for found in ids):
-        first = cluster[0]
-        problems.append(
-            f"{first.kind} calls of {first.name} recorded by {', '.join(sorted(by_convention))} at once (spans "
-            f"{', '.join(st.span_id for st in cluster[:_NAMED])}) cannot be paired: each record counts as a call"
-        )
-        return
-    for call in calls:
-        kept, others = call[0], call[1:]
-        together = max(st.start_ns for st in call) <= min(st.end_ns for st in call)
-        for dropped in others:
-            if together:
-                _absorb(kept, [dropped])
-                if kept.args_status == "captured" and dropped.args_status == "captured" and _bare(kept.args,
-                                                                                                    dropped.args):
-                    kept.args, kept.args_source = dropped.args, dropped.args_source
-                if kept.tokens is None:
-                    kept.tokens = dropped.tokens
-            dropped.kind, dropped.tokens = "other", None
+def _take_twin(kept: Step, dropped: Step) -> None:
+    """``kept`` takes from ``dropped``, another record of its call, what it lacks."""
+    _absorb(kept, [dropped])
+    if kept.args_status == "captured" and dropped.args_status == "captured" and _bare(kept.args, dropped.args):
+        kept.args, kept.args_source = dropped.args, dropped.args_source
+    if kept.tokens is None:
+        kept.tokens = dropped.tokens
+    dropped.kind, dropped.tokens = "other", None
 
 
 def _bare(kept: object, other: object) -> bool:
