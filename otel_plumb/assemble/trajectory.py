@@ -567,9 +567,10 @@ def _match_by_name(
     return [p for i, p in enumerate(pending) if i not in claimed]
 
 
-def _better_args(step: Step, call: RequestedCall) -> bool:
-    """The model's request fills in a tool span's arguments when the span has none, or only a
-    bare value (LangChain records a one-argument tool's input without its name)."""
+def _better_args(step: Step, call: RequestedCall | Step) -> bool:
+    """The model's request (or another record of the call) fills in a tool span's arguments when
+    the span has none, or only a bare value (LangChain records a one-argument tool's input
+    without its name)."""
     if call.args_status != "captured":
         return False
     if step.args_status != "captured":
@@ -781,17 +782,12 @@ def _times(st: Step) -> tuple[int, int]:
 
 def _take_twin(kept: Step, dropped: Step) -> None:
     """``kept`` takes from ``dropped``, another record of its call, what it lacks."""
+    if _better_args(kept, dropped):
+        kept.args, kept.args_status, kept.args_source = dropped.args, "captured", dropped.args_source
     _absorb(kept, [dropped])
-    if kept.args_status == "captured" and dropped.args_status == "captured" and _bare(kept.args, dropped.args):
-        kept.args, kept.args_source = dropped.args, dropped.args_source
     if kept.tokens is None:
         kept.tokens = dropped.tokens
     dropped.kind, dropped.tokens = "other", None
-
-
-def _bare(kept: object, other: object) -> bool:
-    """A bare value where the other record has the arguments by name (LangChain's one-argument tools)."""
-    return not isinstance(kept, dict) and isinstance(other, dict)
 
 
 def _absorb(outer: Step, group: list[Step]) -> None:

@@ -83,8 +83,8 @@ class Run:
     ``budget``: what its CEL expressions may still cost (``expr.CostBudget``)."""
 
     __slots__ = (
-        "_calls", "_cel_steps", "_ctx_stand_ins", "_stand_ins", "budget", "complete", "ctx", "provisional", "reason",
-        "trajectory",
+        "_calls", "_cel_steps", "_ctx_stand_ins", "_requested", "_stand_ins", "budget", "complete", "ctx",
+        "provisional", "reason", "trajectory",
     )  # fmt: skip
 
     def __init__(
@@ -109,6 +109,8 @@ class Run:
         self._stand_ins: dict[Expression, tuple[Step, str] | None] = {}
         # What ``ctx_stand_in`` found, per expression.
         self._ctx_stand_ins: dict[Expression, str | None] = {}
+        # What ``first_requested_call`` found over all the steps, once looked for.
+        self._requested: tuple[Step | None] | None = None
 
     def where(self, step: Step) -> str:
         """Where ``step`` is, for a message: ``step N``, or ``span X`` while indices are provisional."""
@@ -185,12 +187,23 @@ class Run:
             if found is not None:
                 return found
             if "error" in expression.words:
-                unsure = next((s for s in steps if s.kind == "tool" and s.source != "span"), None)
+                unsure = self.first_requested_call(steps)
                 if unsure is not None:
                     at = self.where(unsure)
                     return unsure, f"the error of {unsure.name} at {at} is unknown (only a model's request records it)"
         what = self.ctx_stand_in(expression)
         return None if what is None else (None, what)
+
+    def first_requested_call(self, steps: Sequence[Step]) -> Step | None:
+        """The first of ``steps`` that is a call only a model's request records; over all the
+        steps once per trajectory, since ``arg_satisfies`` asks on every call."""
+        every = steps is self.trajectory.steps
+        if every and self._requested is not None:
+            return self._requested[0]
+        found = next((s for s in steps if s.kind == "tool" and s.source != "span"), None)
+        if every:
+            self._requested = (found,)
+        return found
 
     def ctx_stand_in(self, expression: Expression) -> str | None:
         """What of the context ``expression`` may read is a stand-in, as ``ctx.amount is a
