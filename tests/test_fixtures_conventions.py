@@ -34,6 +34,7 @@ CONVENTIONS = {
     "langsmith": "langsmith",
     "mcp": "mcp",
     "mcp_sdk": "mcp",
+    "mcp_remote": "mcp",
     "mlflow": "mlflow",
     "mlflow_tracing": "mlflow",
     "openai_v2": "otel_genai",

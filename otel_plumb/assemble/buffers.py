@@ -217,7 +217,7 @@ class Tombstone:
                 trace_id=span.trace_id, span_id=span.span_id, parent_span_id=span.parent_span_id,
                 span_name=span.span_name, start_ns=span.start_ns, end_ns=span.end_ns, kind=span.kind,
                 name=span.name, convention=span.convention, error=span.error, agent=span.agent,
-                tool_call_id=span.tool_call_id, session_id=span.session_id,
+                tool_call_id=span.tool_call_id, session_id=span.session_id, outcome_recorded=span.outcome_recorded,
                 # Who the trace belongs to (service, task key), as a trajectory reads it: once.
                 attributes=dict(span.attributes) if not self.calls else {},
             )

@@ -219,7 +219,44 @@ def build_trajectory(
         span_count=len(spans),
         attributes=attributes,
         problems=problems,
+        clocks=_clocks(steps, by_id),
     )
+
+
+def _clocks(steps: list[Step], by_id: dict[str, NormalisedSpan]) -> dict[str, str]:
+    """The clock of each step's span, by span id, when the steps were timed by more than one;
+    else empty (the usual case, at the cost of a lookup per step). A clock is a host's (its
+    ``host.name`` or ``host.id``); a process naming no host is taken to have a clock of its own
+    (``service.name`` and ``service.instance.id``)."""
+    out: dict[str, str] = {}
+    first: str | None = None
+    several = False
+    last: object = None
+    clock = ""
+    for st in steps:
+        span = by_id.get(st.span_id)
+        if span is None:
+            continue
+        a = span.attributes
+        if a is not last:  # most steps share their resource's attributes
+            last = a
+            clock = _clock_of(a)
+        out[st.span_id] = clock
+        if first is None:
+            first = clock
+        elif clock != first:
+            several = True
+    return out if several else {}
+
+
+def _clock_of(attributes: dict[str, object]) -> str:
+    """The clock that timed spans with these (resource) attributes, named for messages."""
+    host = attributes.get("host.name") or attributes.get("host.id")
+    if host:
+        return f"host {host}"
+    service = attributes.get("service.name") or "unknown_service"
+    instance = attributes.get("service.instance.id")
+    return f"{service} (instance {instance})" if instance else str(service)
 
 
 def _agent_of(steps: list[Step]) -> str | None:
@@ -456,6 +493,7 @@ def _span_step(s: NormalisedSpan) -> Step:
         s.tool_call_id,
         s.tokens,
         s.framework,
+        s.outcome_recorded,
     )
 
 
@@ -637,13 +675,14 @@ def _merge_nested_tool_calls(steps: list[Step], by_id: dict[str, NormalisedSpan]
     in the same trace; an agent span (the tool ran another agent) or a tool of another name
     stops the walk, and so does a missing parent. The outer step keeps its own outcome (the
     server's spans come from another process and may arrive after it: an outcome taken from
-    them would undo an early verdict on it, see ``check.early.in_flight``), and where its
-    arguments (or result, or tool-call id) are not captured and those of the records merged
-    into it are, it takes the latest-ending record's that has them. Nested several deep, inner
-    records merge into their nearest outer first. A loop of parent links (a hostile trace) is
-    cut, keeping one of its calls.
+    them would undo an early verdict on it, see ``check.early.in_flight``), unless it records
+    none (the MCP SDK's client span; until then the checks took it either way: ``Step.unsure``).
+    Where its arguments (or result, or tool-call id, or outcome) are not recorded and those of
+    the records merged into it are, it takes the latest-ending record's that has them. Nested
+    several deep, inner records merge into their nearest outer first. A loop of parent links (a
+    hostile trace) is cut, keeping one of its calls.
 
-    Only removes tool calls, and changes no outcome. Cost: O(spans + tool steps): each span
+    Only removes tool calls, and changes no outcome a span records. Cost: O(spans + tool steps): each span
     between a tool and its nearest tool or agent ancestor is walked once, then remembered (a
     walk stops at a span met before, so loops end), and each merge link is followed once."""
     tools = {st.span_id: st for st in steps if st.kind == "tool" and st.source == "span"}
@@ -796,7 +835,10 @@ def _absorb(outer: Step, group: list[Step]) -> None:
     with_args: Step | None = None
     with_result: Step | None = None
     with_id: Step | None = None
+    ended: Step | None = None
     for st in group:
+        if st.outcome_recorded and (ended is None or st.end_ns >= ended.end_ns):
+            ended = st
         if st.result_status == "captured" and (with_result is None or st.end_ns >= with_result.end_ns):
             with_result = st
         if st.args_status == "captured" and (with_args is None or st.end_ns >= with_args.end_ns):
@@ -809,6 +851,8 @@ def _absorb(outer: Step, group: list[Step]) -> None:
         outer.args, outer.args_status, outer.args_source = with_args.args, "captured", with_args.args_source
     if outer.result_status != "captured" and with_result is not None:
         outer.result, outer.result_status = with_result.result, "captured"
+    if not outer.outcome_recorded and ended is not None:
+        outer.error, outer.outcome_recorded = ended.error, True
 
 
 def _order_parallel_calls(steps: list[Step], asking: list[NormalisedSpan]) -> None:

@@ -7,9 +7,10 @@ a check that a later span could still satisfy (``must_call``, ``responds``, ``ca
 min) is indeterminate rather than failed.
 
 A call only the model's request records (``source: llm_output``: no tool span of its own) may
-have failed, or not run at all when its result was never given back: it is a call that *may*
-have been made (``split_calls``). A verdict stands only if it holds whichever way such calls
-went; else it is indeterminate, naming the call.
+have failed, or not run at all when its result was never given back; one only a client span
+that does not record how it ended records (the MCP SDK's) may have failed. Either is a call
+that *may* have been made (``Step.unsure``, ``split_calls``). A verdict stands only if it holds
+whichever way such calls went; else it is indeterminate, naming the call.
 
 A CEL expression (``arg_satisfies``, ``expr``) that may read a stand-in in trace values (a
 placeholder, a redaction marker: ``read_stand_in``) is indeterminate without being evaluated:
@@ -83,7 +84,7 @@ class Run:
     ``budget``: what its CEL expressions may still cost (``expr.CostBudget``)."""
 
     __slots__ = (
-        "_calls", "_cel_steps", "_ctx_stand_ins", "_requested", "_stand_ins", "budget", "complete", "ctx",
+        "_calls", "_cel_steps", "_ctx_stand_ins", "_stand_ins", "_unsure", "budget", "complete", "ctx",
         "provisional", "reason", "trajectory",
     )  # fmt: skip
 
@@ -109,8 +110,8 @@ class Run:
         self._stand_ins: dict[Expression, tuple[Step, str] | None] = {}
         # What ``ctx_stand_in`` found, per expression.
         self._ctx_stand_ins: dict[Expression, str | None] = {}
-        # What ``first_requested_call`` found over all the steps, once looked for.
-        self._requested: tuple[Step | None] | None = None
+        # What ``first_unsure_call`` found over all the steps, once looked for.
+        self._unsure: tuple[Step | None] | None = None
 
     def where(self, step: Step) -> str:
         """Where ``step`` is, for a message: ``step N``, or ``span X`` while indices are provisional."""
@@ -131,8 +132,8 @@ class Run:
         return self.trajectory.steps
 
     def last_call_before(self, tools: Tools, index: int) -> Step | None:
-        """The last call of ``tools`` before step ``index`` that may have succeeded (a call only
-        the model's request records included: the caller tells it apart): from an index of those
+        """The last call of ``tools`` before step ``index`` that may have succeeded (an unsure
+        call included: the caller tells it apart): from an index of those
         calls built on first use (O(steps) once, then O(log calls) a lookup), so an argument
         check that reads an earlier step stays linear in the trajectory."""
         calls = self._calls.get(tools)
@@ -176,8 +177,8 @@ class Run:
     ) -> tuple[Step | None, str] | None:
         """A stand-in ``expression`` may read, and where: in ``call``'s arguments or result, in
         one of ``steps`` when it reads them, or in the context. (The step holding it, or None
-        for the context; what it is), or None when it reads none. The ``error`` of a call only
-        the model's request records is one: null there says nothing about how the call ended."""
+        for the context; what it is), or None when it reads none. The ``error`` of an unsure call
+        (``Step.unsure``) is one: null there says nothing about how the call ended."""
         if call is not None and expression.value_roots:
             what = read_stand_in(self, expression, call)
             if what is not None:
@@ -187,22 +188,21 @@ class Run:
             if found is not None:
                 return found
             if "error" in expression.words:
-                unsure = self.first_requested_call(steps)
+                unsure = self.first_unsure_call(steps)
                 if unsure is not None:
-                    at = self.where(unsure)
-                    return unsure, f"the error of {unsure.name} at {at} is unknown (only a model's request records it)"
+                    return unsure, f"the error is unknown: {unsure_text(self, unsure)}"
         what = self.ctx_stand_in(expression)
         return None if what is None else (None, what)
 
-    def first_requested_call(self, steps: Sequence[Step]) -> Step | None:
-        """The first of ``steps`` that is a call only a model's request records; over all the
-        steps once per trajectory, since ``arg_satisfies`` asks on every call."""
+    def first_unsure_call(self, steps: Sequence[Step]) -> Step | None:
+        """The first of ``steps`` that is an unsure call (``Step.unsure``); over all the steps
+        once per trajectory, since ``arg_satisfies`` asks on every call."""
         every = steps is self.trajectory.steps
-        if every and self._requested is not None:
-            return self._requested[0]
-        found = next((s for s in steps if s.kind == "tool" and s.source != "span"), None)
+        if every and self._unsure is not None:
+            return self._unsure[0]
+        found = next((s for s in steps if s.kind == "tool" and s.unsure), None)
         if every:
-            self._requested = (found,)
+            self._unsure = (found,)
         return found
 
     def ctx_stand_in(self, expression: Expression) -> str | None:
@@ -303,17 +303,17 @@ def _index(s: Step) -> int:
 def split_calls(steps: Sequence[Step], tools: Tools, *, attempts: bool = False) -> tuple[list[Step], list[Step]]:
     """The calls of ``tools`` the trace shows made, and those it cannot tell. Made: a tool span
     without an error (with ``attempts``, any tool span, and a requested call whose result went
-    back to the model). Cannot tell: a call only the model's request records, which may have
-    failed, or not run when its result was not seen."""
+    back to the model). Cannot tell: an unsure call (``Step.unsure``), which may have failed,
+    or, only requested, not run when its result was not seen."""
     made: list[Step] = []
     maybe: list[Step] = []
     for s in steps:
         if s.kind != "tool" or s.name not in tools:
             continue
-        if s.source == "span":
+        if not s.unsure:
             if attempts or s.error is None:
                 made.append(s)
-        elif attempts and s.result_status != "absent":
+        elif attempts and (s.source == "span" or s.result_status != "absent"):
             made.append(s)
         else:
             maybe.append(s)
@@ -321,7 +321,9 @@ def split_calls(steps: Sequence[Step], tools: Tools, *, attempts: bool = False) 
 
 
 def unsure_text(run: Run, s: Step) -> str:
-    """Why a call only the model's request records does not count for sure."""
+    """Why an unsure call (``Step.unsure``) does not count for sure."""
+    if s.source == "span":
+        return f"{s.name} at {run.where(s)} has a client span only, which does not record how the call ended"
     how = "how it ended" if s.result_status != "absent" else "whether it ran"
     return f"{s.name} at {run.where(s)} was asked for by the model, and no tool span records {how}"
 
@@ -333,16 +335,16 @@ MAX_UNSURE_CALLS: Final = 8
 def over_unsure_calls(
     run: Run, steps: Sequence[Step], tools: Tools | None, decide: Callable[[Run, Sequence[Step]], Outcome]
 ) -> Outcome:
-    """``decide`` whichever way the calls of ``tools`` (None: of any tool) only the model's
-    request records went: each in or out of the steps (a failed call did not happen), the
+    """``decide`` whichever way the unsure calls (``Step.unsure``) of ``tools`` (None: of any
+    tool) went: each in or out of the steps (a failed call did not happen), the
     verdict all ways give, else indeterminate. For checks whose verdict turns on the order of
     calls, not just their number."""
-    maybe = [s for s in steps if s.kind == "tool" and s.source != "span" and (tools is None or s.name in tools)]
+    maybe = [s for s in steps if s.kind == "tool" and s.unsure and (tools is None or s.name in tools)]
     if not maybe:
         return decide(run, steps)
     if len(maybe) > MAX_UNSURE_CALLS:
-        return Outcome("indeterminate", maybe[0], f"{len(maybe)} tool calls it reads were asked for by the model "
-                       "and no tool span records them (first: " + unsure_text(run, maybe[0]) + ")")  # fmt: skip
+        return Outcome("indeterminate", maybe[0], f"{len(maybe)} tool calls it reads may have failed or not run "
+                       "(first: " + unsure_text(run, maybe[0]) + ")")  # fmt: skip
     unsure = {id(s) for s in maybe}
     base = decide(run, [s for s in steps if id(s) not in unsure])
     for chosen in range(1, 1 << len(maybe)):
@@ -663,7 +665,7 @@ class Budget(Check):
         for name, limit in self.limits.items():
             locate = not run.provisional or name in _CROSSING_KNOWN_EARLY
             if name == "max_duration_ms":
-                out = _duration(steps, limit, locate)
+                out = _duration(steps, limit, locate, run.trajectory.clocks)
             elif name == "max_tokens":
                 out = _tokens(run, steps, int(limit), locate)
             else:
@@ -698,9 +700,9 @@ def _tool_calls(steps: Sequence[Step]) -> tuple[list[Step], list[Step]]:
 
 
 def _tool_errors(steps: Sequence[Step]) -> tuple[list[Step], list[Step]]:
-    """Tool calls that failed, and those that may have: any call only the model's request records."""
+    """Tool calls that failed, and those that may have: any unsure call (``Step.unsure``)."""
     failed = [s for s in steps if s.kind == "tool" and s.error is not None]
-    return failed, [s for s in steps if s.kind == "tool" and s.source != "span"]
+    return failed, [s for s in steps if s.kind == "tool" and s.unsure]
 
 
 # Per budget: the steps it surely counts, and those it may count.
@@ -718,21 +720,50 @@ _CROSSING_KNOWN_EARLY: Final = frozenset({"max_tool_calls", "max_tool_errors"})
 _CROSSING_LATER: Final = "where the limit was crossed is known when the trajectory completes"
 
 
-def _duration(steps: Sequence[Step], limit: float, locate: bool) -> Outcome:
+def _duration(steps: Sequence[Step], limit: float, locate: bool, clocks: dict[str, str]) -> Outcome:
+    """Fails when the steps timed by one clock took longer than the limit; when they took longer
+    only by the times of two clocks together, which may be skewed, it cannot say."""
     if not steps:
         return PASS
+    start, end = _extent(steps)
+    took = (end - start) / 1e6
+    if took <= limit:
+        return PASS
+    if not clocks:
+        return _took_too_long(steps, start, took, limit, locate, "")
+    by_clock: dict[str, list[Step]] = {}
+    for s in steps:
+        by_clock.setdefault(clocks.get(s.span_id, ""), []).append(s)
+    longest, longest_took = "", 0.0
+    for clock, on_clock in by_clock.items():
+        clock_start, clock_end = _extent(on_clock)
+        clock_took = (clock_end - clock_start) / 1e6
+        if clock_took > limit:
+            return _took_too_long(on_clock, clock_start, clock_took, limit, locate, f" by the clock of {clock}")
+        if clock_took >= longest_took:
+            longest, longest_took = clock, clock_took
+    names = ", ".join(sorted(by_clock))
+    return Outcome(
+        "indeterminate", None, f"took {took:.0f} ms by the times of {len(by_clock)} clocks ({names}), which may "
+        f"be skewed; by one clock at most {longest_took:.0f} ms ({longest}), within {limit:g} ms",
+        f"<= {limit:g} ms", None,
+    )  # fmt: skip
+
+
+def _extent(steps: Sequence[Step]) -> tuple[int, int]:
     start, end = steps[0].start_ns, steps[0].end_ns
     for s in steps:  # a loop, not min() and max() over generators: compiled, those cost a call per step
         if s.start_ns < start:
             start = s.start_ns
         if s.end_ns > end:
             end = s.end_ns
-    took = (end - start) / 1e6
-    if took <= limit:
-        return PASS
+    return start, end
+
+
+def _took_too_long(steps: Sequence[Step], start: int, took: float, limit: float, locate: bool, by: str) -> Outcome:
     over = next((s for s in steps if (s.end_ns - start) / 1e6 > limit), None) if locate else None
     where = "" if locate else f"; {_CROSSING_LATER}"
-    return Outcome("fail", over, f"took {took:.0f} ms, more than {limit:g} ms{where}", f"<= {limit:g} ms",
+    return Outcome("fail", over, f"took {took:.0f} ms{by}, more than {limit:g} ms{where}", f"<= {limit:g} ms",
                    round(took, 3))  # fmt: skip
 
 

@@ -686,7 +686,7 @@ def _expected_source(
             src = run.last_call_before(source, step.index)
             if src is None:
                 return None, f"no successful {ck.tools_text(source)} before {run.where(step)}"
-            if src.source != "span":  # if it failed, an earlier call holds the value
+            if src.unsure:  # if it failed, an earlier call holds the value
                 return None, ck.unsure_text(run, src)
             status = src.result_status if use_result else src.args_status
             if status != "captured":

@@ -113,6 +113,8 @@ class NormalisedSpan:
     hidden_tool_calls: bool = False
     # The framework or instrumentation that wrote the span (from its instrumentation scope).
     framework: str | None = None
+    # False: a tool call's span that does not record how the call ended (see Step).
+    outcome_recorded: bool = True
 
     def __init__(
         self, trace_id: str, span_id: str, parent_span_id: str | None, span_name: str, start_ns: int, end_ns: int,
@@ -122,6 +124,7 @@ class NormalisedSpan:
         tokens: int | None = None, session_id: str | None = None, requested_calls: tuple[RequestedCall, ...] = (),
         tool_results: Mapping[str, Any] = NO_TOOL_RESULTS, attributes: dict[str, Any] | None = None,
         problems: tuple[str, ...] = (), hidden_tool_calls: bool = False, framework: str | None = None,
+        outcome_recorded: bool = True,
     ) -> None:  # fmt: skip
         self.trace_id = trace_id
         self.span_id = span_id
@@ -148,6 +151,7 @@ class NormalisedSpan:
         self.problems = problems
         self.hidden_tool_calls = hidden_tool_calls
         self.framework = framework
+        self.outcome_recorded = outcome_recorded
 
     @property
     def is_root(self) -> bool:
@@ -179,6 +183,10 @@ class Step:
     tokens: int | None = None
     # The framework or instrumentation that wrote the span.
     framework: str | None = None
+    # False: the span records the call, not how it ended (an MCP client span whose SDK records
+    # neither the result nor its ``isError``: MCP reports a tool's failure in the result). The
+    # call ran and may have failed, as one only the model's request records may have.
+    outcome_recorded: bool = True
 
     def __init__(
         self, index: int, kind: StepKind, name: str, span_id: str, parent_span_id: str | None, trace_id: str,
@@ -186,7 +194,7 @@ class Step:
         args: Any = None, args_status: CaptureStatus = "absent", args_source: str | None = None,
         result: Any = None, result_status: CaptureStatus = "absent", error: str | None = None,
         agent: str | None = None, tool_call_id: str | None = None, tokens: int | None = None,
-        framework: str | None = None,
+        framework: str | None = None, outcome_recorded: bool = True,
     ) -> None:  # fmt: skip
         self.index = index
         self.kind = kind
@@ -208,11 +216,18 @@ class Step:
         self.tool_call_id = tool_call_id
         self.tokens = tokens
         self.framework = framework
+        self.outcome_recorded = outcome_recorded
 
     @property
     def succeeded(self) -> bool:
         """A failed call did not happen."""
         return self.error is None
+
+    @property
+    def unsure(self) -> bool:
+        """A tool call that may have failed, or not run, for all the trace says: only the
+        model's request records it, or a span that does not record how it ended."""
+        return self.source != "span" or not self.outcome_recorded
 
     @property
     def duration_ms(self) -> float:
@@ -237,12 +252,17 @@ class Trajectory:
     span_count: int = 0
     attributes: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    # When the steps were timed by more than one clock (spans recorded on different hosts, or by
+    # processes that name no host): the clock of each step's span, by span id. Empty otherwise.
+    # Times from two clocks differ by the clocks' skew, which nothing in the trace measures.
+    clocks: dict[str, str] = field(default_factory=dict)
 
     def __init__(
         self, key: str, trace_ids: list[str], steps: list[Step], complete: bool = True,
         incomplete_reason: str | None = None, root_span_id: str | None = None, service: str | None = None,
         agent: str | None = None, session_id: str | None = None, start_ns: int = 0, end_ns: int = 0,
         span_count: int = 0, attributes: dict[str, Any] | None = None, problems: list[str] | None = None,
+        clocks: dict[str, str] | None = None,
     ) -> None:  # fmt: skip
         self.key = key
         self.trace_ids = trace_ids
@@ -258,6 +278,7 @@ class Trajectory:
         self.span_count = span_count
         self.attributes = {} if attributes is None else attributes
         self.problems = [] if problems is None else problems
+        self.clocks = {} if clocks is None else clocks
 
     @property
     def trace_id(self) -> str:

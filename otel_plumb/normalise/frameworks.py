@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from otel_plumb.model.span import SpanRecord
+from otel_plumb.model.span import SPAN_KIND_CLIENT, SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan, RequestedCall, StepKind
 from otel_plumb.normalise import genai
 from otel_plumb.normalise.common import (
@@ -26,7 +26,6 @@ from otel_plumb.normalise.common import (
     captured_tool_results,
     error_of,
     first_str,
-    name_after,
     set_args,
     set_first_args,
     set_first_result,
@@ -44,7 +43,9 @@ def read_mcp(span: SpanRecord, out: NormalisedSpan) -> None:
         out.kind, out.name = "other", span.name
         return
     out.kind = "tool"
-    out.name = first_str(a, ("gen_ai.tool.name", "mcp.tool.name")) or name_after(span.name, "tools/call ") or span.name
+    # The MCP SDK's client span is named "MCP send tools/call <tool>", and names the tool nowhere else.
+    named = span.name.partition("tools/call ")[2].strip()
+    out.name = first_str(a, ("gen_ai.tool.name", "mcp.tool.name")) or named or span.name
     out.tool_call_id = first_str(a, ("gen_ai.tool.call.id",))
     out.agent = as_str(a.get("gen_ai.agent.name"))
     if not set_first_args(out, a, ("gen_ai.tool.call.arguments", "mcp.request.params.arguments")):
@@ -54,6 +55,10 @@ def read_mcp(span: SpanRecord, out: NormalisedSpan) -> None:
     set_first_result(out, a, _MCP_RESULT_KEYS)
     if out.error is None and (_is_true(a.get("mcp.tool.result.is_error")) or _result_is_error(a)):
         out.error = error_of(span) or "tool returned isError"
+    elif out.error is None and span.kind == SPAN_KIND_CLIENT and out.result_status == "absent":
+        # A client span recording neither the result nor its isError cannot say the tool did not
+        # fail (the MCP SDK's), unless the request itself failed.
+        out.outcome_recorded = "mcp.tool.result.is_error" in a or error_of(span) is not None
 
 
 # Where the tool's CallToolResult is recorded, first found first.

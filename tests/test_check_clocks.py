@@ -1,0 +1,151 @@
+"""A run's duration is judged on times one clock took: steps recorded on another host (an MCP
+tool server, a remote sub-agent) are timed by that host's clock, whose skew against the agent's
+nothing in the trace measures. A budget on the duration fails only when the steps timed by one
+clock took longer than the limit, passes when all of them together did not, and is otherwise
+indeterminate: whatever the skew, never a fail or a pass the run without skew would not get."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from test_check_early_incremental import _load
+from test_check_early_sound import agent_runs
+
+from otel_plumb.assemble import build_trajectory
+from otel_plumb.check import load_policy
+from otel_plumb.check.early import EarlyWatch, in_flight, new_early_failures
+from otel_plumb.model import NormalisedSpan
+from otel_plumb.replay import replay
+
+FIXTURES = Path(__file__).parent / "fixtures" / "conventions"
+# The generated runs take 10 to a few hundred microseconds: limits across that range.
+LIMITS_MS = [0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32]
+POLICIES = [
+    _load(f"policy: d{i}\ninvariants:\n  - {{id: quick, budget: {{max_duration_ms: {limit}}}}}\n")
+    for i, limit in enumerate(LIMITS_MS)
+]
+WATCH = EarlyWatch(POLICIES)
+LOCAL = {"service.name": "billing-agent", "host.name": "agent-host"}
+REMOTE = {"service.name": "billing-tools", "host.name": "tools-host"}
+
+
+def _verdicts(spans: list[NormalisedSpan]) -> list[str]:
+    t = build_trajectory("t", spans)
+    return [v.verdict for p in POLICIES for v in p.evaluate(t)]
+
+
+def _served_remotely(spans: list[NormalisedSpan], picks: list[bool]) -> set[str]:
+    """Tool spans picked to run on the remote host, with everything under them."""
+    remote: set[str] = set()
+    tools = [s for s in spans if s.kind == "tool"]
+    for s, pick in zip(tools, picks, strict=False):
+        if pick:
+            remote.add(s.span_id)
+    changed = True
+    while changed:  # children are generated after their parent, but a sub-agent nests deeper
+        changed = False
+        for s in spans:
+            if s.span_id not in remote and s.parent_span_id in remote:
+                remote.add(s.span_id)
+                changed = True
+    return remote
+
+
+def _on_hosts(spans: list[NormalisedSpan], remote: set[str], skew_ns: int) -> list[NormalisedSpan]:
+    """The same spans, those in ``remote`` recorded by the tool host, whose clock is ``skew_ns`` ahead."""
+    for s in spans:
+        if s.span_id in remote:
+            s.attributes = REMOTE
+            s.start_ns += skew_ns
+            s.end_ns += skew_ns
+        else:
+            s.attributes = LOCAL
+    return spans
+
+
+@settings(max_examples=200, deadline=None)
+@given(agent_runs(), st.lists(st.booleans(), min_size=1, max_size=12), st.integers(-300_000, 300_000))
+def test_a_skewed_clock_never_makes_a_duration_verdict_the_unskewed_run_would_not_get(
+    spans: list[NormalisedSpan], picks: list[bool], skew_ns: int
+) -> None:
+    spans = [s for s in spans if s.convention != "test2"]  # a second instrumentation: on the first's host
+    # Which turn a tool span ran in is read from times too: hidden requests are left out here.
+    assume(not any(s.hidden_tool_calls for s in spans))
+    true = _verdicts(_on_hosts(spans, set(), 0))
+    remote = _served_remotely(spans, picks)
+    # Without skew: the agent's own span covers the run, so its clock alone says as much.
+    assert _verdicts(_on_hosts(spans, remote, 0)) == true
+    skewed = _verdicts(_on_hosts(spans, remote, skew_ns))
+    for was, now in zip(true, skewed, strict=True):
+        assert now in (was, "indeterminate"), (was, now)
+
+
+@settings(max_examples=150, deadline=None)
+@given(agent_runs(), st.lists(st.booleans(), min_size=1, max_size=12), st.integers(-300_000, 300_000), st.data())
+def test_an_early_duration_failure_stands_whatever_the_skew(
+    spans: list[NormalisedSpan], picks: list[bool], skew_ns: int, data: Any
+) -> None:
+    spans = [s for s in spans if s.convention != "test2"]
+    ordered = sorted(spans, key=lambda s: s.end_ns)  # as the SDKs export them, on the true clock
+    _on_hosts(spans, _served_remotely(spans, picks), skew_ns)
+    root, children = ordered[-1], ordered[:-1]
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(children))), max_size=len(children))))
+    state, reported, buffered = WATCH.state(), set[tuple[str, str]](), list[NormalisedSpan]()
+    for a, b in zip([0, *cuts], [*cuts, len(children)], strict=False):
+        buffered += children[a:b]
+        for span in children[a:b]:
+            state.add(span)
+        may_fail = WATCH.may_fail(state, reported)
+        if may_fail:
+            partial = build_trajectory("t", buffered, complete=False, incomplete_reason="in_flight")
+            new_early_failures(POLICIES, in_flight(partial), reported, frozenset(may_fail), WATCH, state.services)
+    final = build_trajectory("t", [*children, root])
+    assert reported <= {(p.name, v.invariant) for p in POLICIES for v in p.evaluate(final) if v.verdict == "fail"}
+
+
+def _mcp_remote(tmp_path: Path, skew_ns: int) -> Path:
+    """The captured two-process MCP trace, the tool server's clock ``skew_ns`` ahead."""
+    out = tmp_path / f"skew{skew_ns}.jsonl"
+    with out.open("w") as f:
+        for line in (FIXTURES / "mcp_remote.jsonl").read_text().splitlines():
+            request = json.loads(line)
+            for rs in request["resourceSpans"]:
+                service = {a["key"]: a["value"].get("stringValue") for a in rs["resource"]["attributes"]}
+                if service["service.name"] != "billing-tools":
+                    continue
+                for ss in rs["scopeSpans"]:
+                    for span in ss["spans"]:
+                        for key in ("startTimeUnixNano", "endTimeUnixNano"):
+                            span[key] = str(int(span[key]) + skew_ns)
+            f.write(json.dumps(request) + "\n")
+    return out
+
+
+def _replay_verdict(path: Path, limit_ms: float, tmp_path: Path) -> Any:
+    policy = tmp_path / "p.yaml"
+    policy.write_text(f"policy: p\ninvariants:\n  - {{id: quick, budget: {{max_duration_ms: {limit_ms}}}}}\n")
+    (trajectory,) = [t for t in replay([path]).trajectories if t.steps]
+    (verdict,) = load_policy(policy).evaluate(trajectory)
+    return trajectory, verdict
+
+
+@pytest.mark.parametrize("skew_s", [0, 5, -5])
+def test_a_captured_mcp_server_in_another_process(tmp_path: Path, skew_s: int) -> None:
+    """The agent and its MCP tool server in two processes, one trace: with the server's clock
+    5 s ahead or behind, a 1 s budget the run kept is indeterminate, not a fail; one the agent's
+    own steps broke fails, saying by which clock (the server's steps broke it too)."""
+    trajectory, kept = _replay_verdict(_mcp_remote(tmp_path, skew_s * 10**9), 1000, tmp_path)
+    assert len(set(trajectory.clocks.values())) == 2
+    if skew_s == 0:
+        assert kept.verdict == "pass"
+    else:
+        assert kept.verdict == "indeterminate" and "2 clocks" in kept.message and "skewed" in kept.message
+    agent_steps = [s for s in trajectory.steps if "billing-agent" in trajectory.clocks[s.span_id]]
+    took_ms = (max(s.end_ns for s in agent_steps) - min(s.start_ns for s in agent_steps)) / 1e6
+    _, broken = _replay_verdict(_mcp_remote(tmp_path, skew_s * 10**9), took_ms / 2, tmp_path)
+    assert broken.verdict == "fail" and "by the clock of billing-" in broken.message
