@@ -178,7 +178,8 @@ class Run:
         """A stand-in ``expression`` may read, and where: in ``call``'s arguments or result, in
         one of ``steps`` when it reads them, or in the context. (The step holding it, or None
         for the context; what it is), or None when it reads none. The ``error`` of an unsure call
-        (``Step.unsure``) is one: null there says nothing about how the call ended."""
+        (``Step.unsure``) is one: null there says nothing about how the call ended; so is a
+        duration spanning the times of several clocks (``_skewed_duration``)."""
         if call is not None and expression.value_roots:
             what = read_stand_in(self, expression, call)
             if what is not None:
@@ -191,6 +192,10 @@ class Run:
                 unsure = self.first_unsure_call(steps)
                 if unsure is not None:
                     return unsure, f"the error is unknown: {unsure_text(self, unsure)}"
+        if "trajectory" in expression.variables and "duration_ms" in expression.words:
+            skewed = _skewed_duration(self.trajectory)
+            if skewed is not None:
+                return None, skewed
         what = self.ctx_stand_in(expression)
         return None if what is None else (None, what)
 
@@ -731,9 +736,7 @@ def _duration(steps: Sequence[Step], limit: float, locate: bool, clocks: dict[st
         return PASS
     if not clocks:
         return _took_too_long(steps, start, took, limit, locate, "")
-    by_clock: dict[str, list[Step]] = {}
-    for s in steps:
-        by_clock.setdefault(clocks.get(s.span_id, ""), []).append(s)
+    by_clock = _steps_by_clock(steps, clocks)
     longest, longest_took = "", 0.0
     for clock, on_clock in by_clock.items():
         clock_start, clock_end = _extent(on_clock)
@@ -742,12 +745,35 @@ def _duration(steps: Sequence[Step], limit: float, locate: bool, clocks: dict[st
             return _took_too_long(on_clock, clock_start, clock_took, limit, locate, f" by the clock of {clock}")
         if clock_took >= longest_took:
             longest, longest_took = clock, clock_took
-    names = ", ".join(sorted(by_clock))
     return Outcome(
-        "indeterminate", None, f"took {took:.0f} ms by the times of {len(by_clock)} clocks ({names}), which may "
-        f"be skewed; by one clock at most {longest_took:.0f} ms ({longest}), within {limit:g} ms",
+        "indeterminate", None, f"took {took:.0f} ms by the times of {_clocks_text(by_clock)}, which may be "
+        f"skewed; by one clock at most {longest_took:.0f} ms ({longest}), within {limit:g} ms",
         f"<= {limit:g} ms", None,
     )  # fmt: skip
+
+
+def _steps_by_clock(steps: Sequence[Step], clocks: dict[str, str]) -> dict[str, list[Step]]:
+    by_clock: dict[str, list[Step]] = {}
+    for s in steps:
+        by_clock.setdefault(clocks.get(s.span_id, ""), []).append(s)
+    return by_clock
+
+
+def _clocks_text(by_clock: dict[str, list[Step]]) -> str:
+    return f"{len(by_clock)} clocks ({', '.join(sorted(by_clock))})"
+
+
+def _skewed_duration(t: Trajectory) -> str | None:
+    """Why ``trajectory.duration_ms`` may be off: it spans the times of several clocks and is
+    longer than the steps of any one took (so the clocks' skew is in it); None when it is not."""
+    if not t.clocks or not t.steps:
+        return None
+    start, end = _extent(t.steps)
+    by_clock = _steps_by_clock(t.steps, t.clocks)
+    for on_clock in by_clock.values():
+        if _extent(on_clock) == (start, end):
+            return None
+    return f"trajectory.duration_ms spans the times of {_clocks_text(by_clock)}, which may be skewed"
 
 
 def _extent(steps: Sequence[Step]) -> tuple[int, int]:
