@@ -26,6 +26,7 @@ from otel_plumb.normalise import normalise
 from otel_plumb.receive.otlp import request_records
 from otel_plumb.receive.otlp_json import parse_request, request_to_json
 from otel_plumb.replay import replay
+from otel_plumb.report.coverage import coverage_report
 
 FIXTURE = Path(__file__).parent / "fixtures" / "conventions" / "mcp_remote.jsonl"
 POLICY_TEXT = """
@@ -88,6 +89,7 @@ def test_the_server_spans_give_each_call_its_outcome() -> None:
     # The steps kept are the agent's client spans, in the agent's process.
     assert all(s.span_id in t.clocks and "billing-agent" in t.clocks[s.span_id] for s in tools)
     assert _verdicts(t) == WHAT_HAPPENED
+    assert not any("MCP client span" in n for n in coverage_report([t])["notes"])
 
 
 def test_without_the_server_spans_no_verdict_rests_on_a_call_having_succeeded(tmp_path: Path) -> None:
@@ -98,6 +100,10 @@ def test_without_the_server_spans_no_verdict_rests_on_a_call_having_succeeded(tm
     verdicts = {v.invariant: v for v in decide([POLICY], t).verdicts}
     assert {k: v.verdict for k, v in verdicts.items()} == CLIENT_ONLY
     assert "client span only, which does not record how the call ended" in verdicts["never-pay"].message
+    report = coverage_report([t])
+    assert report["tool_calls"]["without_outcome"] == 3
+    notes = report["notes"]
+    assert any("3 tool calls are recorded only by an MCP client span" in n and "indeterminate" in n for n in notes)
 
 
 @st.composite

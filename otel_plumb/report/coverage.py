@@ -37,6 +37,7 @@ class CoverageCounter:
         self.kinds: Counter[str] = Counter()
         self.tool_calls = 0
         self.tool_calls_from_output = 0
+        self.tool_calls_without_outcome = 0
         self.args: Counter[str] = Counter()
         self.results: Counter[str] = Counter()
         self.errored = 0
@@ -94,6 +95,8 @@ class CoverageCounter:
             self.tool_calls += 1
             if step.source == "llm_output":
                 self.tool_calls_from_output += 1
+            elif not step.outcome_recorded:
+                self.tool_calls_without_outcome += 1
             self.args[step.args_status] += 1
             self.results[step.result_status] += 1
             if step.args_status in ("absent", "redacted"):
@@ -130,6 +133,7 @@ class CoverageCounter:
             "tool_calls": {
                 "total": self.tool_calls,
                 "from_model_output": self.tool_calls_from_output,
+                "without_outcome": self.tool_calls_without_outcome,
                 "arguments": {s: self.args.get(s, 0) for s in CAPTURE_STATUSES},
                 "results": {s: self.results.get(s, 0) for s in CAPTURE_STATUSES},
                 "errored": self.errored,
@@ -220,6 +224,12 @@ class CoverageCounter:
                 f"{self.tool_calls_from_output} tool calls were read from model output messages, not from tool "
                 "spans: whether they ran and succeeded is not recorded, so checks that turn on it are "
                 "indeterminate (instrument the tools, a span per call, to have them decided)."
+            )
+        if self.tool_calls_without_outcome:
+            notes.append(
+                f"{self.tool_calls_without_outcome} tool calls are recorded only by an MCP client span that does not "
+                "record how they ended (no span of the server's came in the trace): whether they succeeded is not "
+                "recorded, so checks that turn on it are indeterminate (trace the MCP server too)."
             )
         no_tools = sum(self.llm_without_tools.values())
         if no_tools:
