@@ -60,7 +60,7 @@ def record(s: SpanRecord) -> tuple[Any, ...]:
         typed(s.start_ns), typed(s.end_ns), typed(s.status_code), typed(s.status_message),
         typed(s.attributes),
         [(typed(e.name), typed(e.time_ns), typed(e.attributes)) for e in s.events],
-        typed(dict(s.resource)), typed(s.scope_name),
+        typed(dict(s.resource)), typed(s.scope_name), typed(s.dropped),
     )  # fmt: skip
 
 
@@ -195,13 +195,15 @@ def spans(draw: Any) -> Span:
         trace_id=draw(ids), span_id=draw(ids), parent_span_id=draw(st.sampled_from([b"", b"\x01" * 8]) | ids),
         trace_state=draw(text), name=draw(text), kind=draw(int32), flags=draw(st.integers(0, 2**32 - 1)),
         start_time_unix_nano=draw(uint64), end_time_unix_nano=draw(uint64),
-        dropped_attributes_count=draw(st.integers(0, 3)), attributes=draw(key_values),
+        dropped_attributes_count=draw(st.sampled_from([0, 0, 1, 2**32 - 1])), attributes=draw(key_values),
+        dropped_events_count=draw(st.sampled_from([0, 0, 3, 2**32 - 1])),
     )  # fmt: skip
     if draw(st.booleans()):
         span.status.code = draw(int32)
         span.status.message = draw(text)
     for _ in range(draw(st.integers(0, 2))):
-        span.events.add(name=draw(text), time_unix_nano=draw(uint64), attributes=draw(key_values))
+        span.events.add(name=draw(text), time_unix_nano=draw(uint64), attributes=draw(key_values),
+                        dropped_attributes_count=draw(st.sampled_from([0, 0, 2, 2**32 - 1])))  # fmt: skip
     for _ in range(draw(st.integers(0, 1))):
         span.links.add(trace_id=draw(ids), span_id=draw(ids), trace_state=draw(text), attributes=draw(key_values))
     return span

@@ -8,6 +8,7 @@ from operator import attrgetter
 from typing import Final
 
 from otel_plumb.model.trajectory import (
+    ATTRIBUTES_DROPPED,
     HANDOFF_TOOLS,
     MISSING_PARENT,
     TOOL_CALLS_NOT_CAPTURED,
@@ -62,6 +63,8 @@ def build_trajectory(
     hidden: list[NormalisedSpan] = []
     # Spans that look like an agent's but follow no convention read here: tool calls may be in them.
     unrecognised: list[NormalisedSpan] = []
+    # Spans the SDK dropped attributes or events from.
+    cut = False
     # The traces in order of their first span, the last end, the first session named.
     trace_ids_seen: dict[str, None] = {}
     last_trace: str | None = None
@@ -102,6 +105,8 @@ def build_trajectory(
             hidden.append(s)
         if s.convention == "unrecognised":
             unrecognised.append(s)
+        if s.cut:
+            cut = True
     trace_ids = list(trace_ids_seen)
     roots = [_root(tops) for tops in tops_by_trace.values()]
     root = roots[0] if roots else None
@@ -153,6 +158,9 @@ def build_trajectory(
             depth = _depths(spans, by_id)
         requested.append(((s.end_ns, depth[s.span_id] + 1, n, s.span_id), step))
 
+    # First: a span cut may be why another is hidden or unrecognised (its problem line says which).
+    if cut and complete:
+        complete, incomplete_reason = False, ATTRIBUTES_DROPPED
     if hidden:
         if turns is None:
             turns = _Turns(spans, by_id)

@@ -11,7 +11,7 @@ from typing import Final
 
 from otel_plumb.check.policy import CompiledPolicy
 from otel_plumb.model import Decided, Trajectory, Verdict, trajectory_status
-from otel_plumb.model.trajectory import MISSING_PARENT, UNREADABLE_INPUT, UNREADABLE_SPAN
+from otel_plumb.model.trajectory import ATTRIBUTES_DROPPED, MISSING_PARENT, UNREADABLE_INPUT, UNREADABLE_SPAN
 from otel_plumb.redact import Redaction, RedactionConfig
 
 
@@ -75,7 +75,7 @@ def _agent_run(trajectory: Trajectory) -> bool:
     return trajectory.has_agent_spans or trajectory.incomplete_reason in _UNREAD
 
 
-_UNREAD: Final = frozenset({UNREADABLE_SPAN, UNREADABLE_INPUT})
+_UNREAD: Final = frozenset({UNREADABLE_SPAN, UNREADABLE_INPUT, ATTRIBUTES_DROPPED})
 
 # The HMAC key when none is configured: one per process, so hashed values compare equal within
 # one run (one report, one processor's lifetime) and not across runs.

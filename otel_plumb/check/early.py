@@ -90,8 +90,8 @@ class EarlyState:
     """What the early invariants need to know of one trace in flight, updated span by span."""
 
     __slots__ = ("arrived", "end", "fruitless", "hidden_calls", "last_attributes", "latest_llm", "llm_spans",
-                 "open_turns", "own_ids", "recheck_at", "recorded_again", "recorders", "reordered", "services",
-                 "spans", "start", "tokens", "tool_errors", "tool_spans", "tools", "watched")  # fmt: skip
+                 "open_turns", "own_ids", "recheck_at", "recorders", "reordered", "services", "spans", "start",
+                 "tokens", "tool_errors", "tool_spans", "tools", "unsettled", "watched")  # fmt: skip
 
     def __init__(self, watched: frozenset[str], arrived: Container[str] | None = None) -> None:
         self.watched = watched
@@ -102,13 +102,14 @@ class EarlyState:
         self.reordered = False
         # A model call asked for tool calls whose names were not captured (content capture off).
         self.hidden_calls = False
-        # An MCP record of a tool call arrived: a framework's tool span around records of one call
-        # (a retry inside it), arriving later, makes them one step (``assemble.trajectory``), so
-        # the partial trajectory may count more calls and errors than the final one. Nothing is
-        # checked early on such a trace. So with a tool or model call of one name recorded by two
-        # conventions (two instrumentations at once: their records become one step).
-        self.recorded_again = False
-        # The convention of each tool or model call name's first span (``recorded_again``).
+        # Nothing is checked early on a trace whose partial trajectory may say more than its final
+        # one. An MCP record of a tool call arrived: a framework's tool span around records of one
+        # call (a retry inside it), arriving later, makes them one step (``assemble.trajectory``),
+        # so the partial trajectory may count more calls and errors than the final one. A tool or
+        # model call of one name recorded by two conventions (two instrumentations at once: their
+        # records become one step). A span the SDK cut (its final verdicts rest on lost data).
+        self.unsettled = False
+        # The convention of each tool or model call name's first span (for ``unsettled``).
         self.recorders: dict[tuple[str, str], str] = {}
         self.tools: dict[str, _Tool] = {}
         # The services its spans came from (for applies_to), and the attributes last read for one.
@@ -152,14 +153,16 @@ class EarlyState:
         kind = span.kind
         if self.open_turns:
             self._end_turns(span)
-        if (kind == "tool" or kind == "llm") and not self.recorded_again:
+        if span.cut:
+            self.unsettled = True
+        if (kind == "tool" or kind == "llm") and not self.unsettled:
             first = self.recorders.setdefault((kind, span.name), span.convention)
             if first != span.convention:
-                self.recorded_again = True
+                self.unsettled = True
         if kind == "tool":
             self.tool_spans += 1
             if span.convention == "mcp":
-                self.recorded_again = True
+                self.unsettled = True
             if span.error is not None:
                 self.tool_errors += 1
             if span.name in self.watched:
@@ -410,7 +413,7 @@ class EarlyWatch:
         """The early invariants not yet reported for the trace that may fail on what it holds
         now, as (policy, invariant) keys: only those need checking on its partial trajectory."""
         out: list[tuple[str, str]] = []
-        if state.recorded_again:
+        if state.unsettled:
             return out
         for rule in self.rules:  # one loop: this runs for every trace a request touches
             if (not reported or rule.key not in reported) and rule.may_fail.holds(state):

@@ -31,10 +31,13 @@ class SpanEvent:
 
 class SpanRecord:
     """One span. Ids are lowercase hex; attribute values are plain Python values
-    (str, int, float, bool, bytes, list, dict), decoded from OTLP ``AnyValue``."""
+    (str, int, float, bool, bytes, list, dict), decoded from OTLP ``AnyValue``. ``dropped``: how
+    many attributes and events the SDK dropped from it (its span limits), its events' dropped
+    attributes included: what the span holds may be cut."""
 
     __slots__ = (
         "attributes",
+        "dropped",
         "end_ns",
         "events",
         "kind",
@@ -65,6 +68,7 @@ class SpanRecord:
         events: list[SpanEvent] | None = None,
         resource: Mapping[str, Any] | None = None,
         scope_name: str = "",
+        dropped: int = 0,
     ) -> None:
         self.trace_id = trace_id
         self.span_id = span_id
@@ -80,6 +84,7 @@ class SpanRecord:
         # Shared by all spans of one ResourceSpans: never mutate.
         self.resource: Mapping[str, Any] = resource if resource is not None else {}
         self.scope_name = scope_name
+        self.dropped = dropped
 
     @property
     def is_root(self) -> bool:
@@ -93,6 +98,7 @@ class SpanRecord:
         return decoded, (
             self.trace_id, self.span_id, self.parent_span_id, self.name, self.kind, self.start_ns, self.end_ns,
             self.status_code, self.status_message, self.attributes, self.events, self.resource, self.scope_name,
+            self.dropped,
         )  # fmt: skip
 
 
@@ -117,7 +123,7 @@ def fingerprint(span: SpanRecord) -> int:
 def decoded(
     trace_id: str, span_id: str, parent_span_id: str | None, name: str, kind: int, start_ns: int, end_ns: int,
     status_code: int, status_message: str, attributes: dict[str, Any], events: list[SpanEvent],
-    resource: Mapping[str, Any], scope_name: str,
+    resource: Mapping[str, Any], scope_name: str, dropped: int,
 ) -> SpanRecord:  # fmt: skip
     """A record from every field, by position: how the compiled decoder makes one when the core is
     compiled too (a compiled class's fields are no slots it can fill, and a call of the class
@@ -125,5 +131,5 @@ def decoded(
     return SpanRecord(
         trace_id, span_id, parent_span_id, name, kind=kind, start_ns=start_ns, end_ns=end_ns,
         status_code=status_code, status_message=status_message, attributes=attributes, events=events,
-        resource=resource, scope_name=scope_name,
+        resource=resource, scope_name=scope_name, dropped=dropped,
     )  # fmt: skip

@@ -31,16 +31,21 @@ CONTEXT_PREFIX: Final = "plumb.context."
 # trajectory, not only that later spans have not arrived: a span could not be read, a region of
 # the input that may have held spans could not be read, a span's parent is not in the trace, a
 # model call asked for tools the trace does not show, spans look like an agent's but follow no
-# convention read here.
+# convention read here, the SDK dropped some of what a span recorded.
 UNREADABLE_SPAN = "unreadable_span"
 UNREADABLE_INPUT = "unreadable_input"
 MISSING_PARENT = "missing_parent"
 TOOL_CALLS_NOT_CAPTURED = "tool_calls_not_captured"
 UNRECOGNISED_SPANS = "unrecognised_spans"
+# The SDK dropped attributes or events from a span (its span limits: 128 attributes by default,
+# which a long conversation's messages exceed): what the span recorded may be cut anywhere.
+ATTRIBUTES_DROPPED = "attributes_dropped"
 # The tool results of a span that has none (shared, read-only).
 NO_TOOL_RESULTS: Final[Mapping[str, Any]] = MappingProxyType({})
 
-DATA_LOST = frozenset({UNREADABLE_SPAN, UNREADABLE_INPUT, MISSING_PARENT, TOOL_CALLS_NOT_CAPTURED, UNRECOGNISED_SPANS})
+DATA_LOST = frozenset(
+    {UNREADABLE_SPAN, UNREADABLE_INPUT, MISSING_PARENT, TOOL_CALLS_NOT_CAPTURED, UNRECOGNISED_SPANS, ATTRIBUTES_DROPPED}
+)
 
 # Tools that hand control to another agent, and the argument naming it (Google ADK's
 # transfer_to_agent, Strands' handoff_to_agent swarm tool, LlamaIndex AgentWorkflow's handoff).
@@ -115,6 +120,8 @@ class NormalisedSpan:
     framework: str | None = None
     # False: a tool call's span that does not record how the call ended (see Step).
     outcome_recorded: bool = True
+    # The SDK dropped attributes or events from the span (ATTRIBUTES_DROPPED).
+    cut: bool = False
 
     def __init__(
         self, trace_id: str, span_id: str, parent_span_id: str | None, span_name: str, start_ns: int, end_ns: int,
@@ -124,7 +131,7 @@ class NormalisedSpan:
         tokens: int | None = None, session_id: str | None = None, requested_calls: tuple[RequestedCall, ...] = (),
         tool_results: Mapping[str, Any] = NO_TOOL_RESULTS, attributes: dict[str, Any] | None = None,
         problems: tuple[str, ...] = (), hidden_tool_calls: bool = False, framework: str | None = None,
-        outcome_recorded: bool = True,
+        outcome_recorded: bool = True, cut: bool = False,
     ) -> None:  # fmt: skip
         self.trace_id = trace_id
         self.span_id = span_id
@@ -152,6 +159,7 @@ class NormalisedSpan:
         self.hidden_tool_calls = hidden_tool_calls
         self.framework = framework
         self.outcome_recorded = outcome_recorded
+        self.cut = cut
 
     @property
     def is_root(self) -> bool:

@@ -145,6 +145,22 @@ def finish(span: SpanRecord, out: NormalisedSpan, shape: Shape) -> None:
             out.hidden_tool_calls = asks_for_tools(span, shape.finish_keys)
 
 
+def mark_cut(span: SpanRecord, out: NormalisedSpan) -> None:
+    """A span the SDK dropped attributes or events from (its span limits) may have lost any of
+    them: the one saying what it is, an argument of a flattened set, an ``error.type``. Its
+    trajectory is incomplete (``ATTRIBUTES_DROPPED``); a tool call it records without an error
+    status may have failed; arguments read from flattened keys may miss some."""
+    out.cut = True
+    out.problems += (
+        f"span {span.span_id} ({span.name!r}): the SDK dropped {span.dropped} of its attributes or events (span "
+        "limits: OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT, OTEL_SPAN_EVENT_COUNT_LIMIT, 128 by default)",
+    )  # fmt: skip
+    if out.kind == "tool" and out.error is None:
+        out.outcome_recorded = False
+    if out.args_status == "captured" and out.args_source is not None and out.args_source.endswith("*"):
+        out.args, out.args_status = None, "undecodable"
+
+
 def asks_for_tools(span: SpanRecord, finish_keys: tuple[str, ...]) -> bool:
     """Whether the model call's finish reason says it asked for tool calls: on the span's finish
     reason attributes, or on its ``gen_ai.choice`` events (the event-based GenAI form, Strands)."""

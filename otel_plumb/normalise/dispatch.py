@@ -18,7 +18,7 @@ from typing import Any, Final
 from otel_plumb.model.span import SpanRecord
 from otel_plumb.model.trajectory import NormalisedSpan
 from otel_plumb.normalise import frameworks, genai, observability, openinference, pydantic_ai, traceloop, vercel
-from otel_plumb.normalise.common import Reader, Shape, base, finish
+from otel_plumb.normalise.common import Reader, Shape, base, finish, mark_cut
 from otel_plumb.normalise.hints import framework_of
 
 # Frameworks whose spans look like OTel GenAI but carry their payloads elsewhere.
@@ -177,4 +177,6 @@ def normalise(span: SpanRecord) -> NormalisedSpan:
         out.problems += (f"unrecognised span {span.name!r}: attribute namespaces {', '.join(namespaces[:10])}",)
     finish(span, out, shape)
     out.framework = dispatch.framework
+    if span.dropped:
+        mark_cut(span, out)
     return out

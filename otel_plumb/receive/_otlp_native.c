@@ -49,11 +49,11 @@ static PyObject *empty_bytes;
 /* SpanRecord's slots, in the order the fields are written below. */
 static const char *const RECORD_SLOTS[] = {
     "trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns", "end_ns", "status_code",
-    "status_message", "attributes", "events", "resource", "scope_name",
+    "status_message", "attributes", "events", "resource", "scope_name", "dropped",
 };
 enum {
     S_TRACE_ID, S_SPAN_ID, S_PARENT, S_NAME, S_KIND, S_START, S_END, S_STATUS_CODE, S_STATUS_MESSAGE,
-    S_ATTRIBUTES, S_EVENTS, S_RESOURCE, S_SCOPE_NAME, N_SLOTS
+    S_ATTRIBUTES, S_EVENTS, S_RESOURCE, S_SCOPE_NAME, S_DROPPED, N_SLOTS
 };
 /* How records are made. A SpanRecord of plain Python has slots, filled here by offset. The
  * compiled core's SpanRecord (mypyc) holds its fields in a C struct of its own: it is made by
@@ -691,7 +691,15 @@ static PyObject *cached_hex_id(ptr a, ptr b) {
     return hex;
 }
 
-static int parse_event(Dec *d, ptr p, ptr end, PyObject **events) {
+/* Adds a dropped count (a uint32 varint) to *dropped. */
+static int read_dropped(Dec *d, ptr *pp, uint64_t *dropped) {
+    uint64_t n;
+    if (read_varint(d, pp, d->end, &n) < 0) return -1;
+    *dropped += (uint32_t)n;
+    return 0;
+}
+
+static int parse_event(Dec *d, ptr p, ptr end, PyObject **events, uint64_t *dropped) {
     if (enter(d) < 0) return -1;
     PyObject *name = NULL, *attrs = NULL;
     uint64_t time_ns = 0;
@@ -706,6 +714,8 @@ static int parse_event(Dec *d, ptr p, ptr end, PyObject **events) {
             if (read_cached_string(d, &p, d->end, &name) < 0) goto done;
         } else if (field == 3 && wt == 2) {
             if (parse_attribute_field(d, &p, end, &attrs) < 0) goto done;
+        } else if (field == 4 && wt == 0) { /* dropped_attributes_count */
+            if (read_dropped(d, &p, dropped) < 0) goto done;
         } else if (skip_field(d, &p, d->end, field, wt) < 0) {
             goto done;
         }
@@ -787,7 +797,7 @@ static int parse_span(Dec *d, ptr p, ptr end, PyObject *out) {
     ptr trace_id = p, trace_end = p, span_id = p, span_end = p, parent = p, parent_end = p;
     PyObject *name = NULL, *attrs = NULL, *events = NULL, *status_message = NULL;
     int32_t kind = 0, status_code = 0;
-    uint64_t start_ns = 0, end_ns = 0;
+    uint64_t start_ns = 0, end_ns = 0, dropped = 0;
     int rc = -1;
     while (p < end) {
         uint32_t field;
@@ -836,7 +846,12 @@ static int parse_span(Dec *d, ptr p, ptr end, PyObject *out) {
         case 11:
             if (wt != 2) break;
             if (read_len(d, &p, end, &a, &b) < 0) goto done;
-            if (parse_event(d, a, b, &events) < 0) goto done;
+            if (parse_event(d, a, b, &events, &dropped) < 0) goto done;
+            continue;
+        case 10: /* dropped_attributes_count */
+        case 12: /* dropped_events_count */
+            if (wt != 0) break;
+            if (read_dropped(d, &p, &dropped) < 0) goto done;
             continue;
         case 13: /* links */
             if (wt != 2) break;
@@ -847,7 +862,7 @@ static int parse_span(Dec *d, ptr p, ptr end, PyObject *out) {
             if (read_len(d, &p, end, &a, &b) < 0) goto done;
             if (parse_status(d, a, b, &status_code, &status_message) < 0) goto done;
             continue;
-        default: /* 10, 12, 14 (dropped counts) and 16 (flags) are not kept */
+        default: /* 14 (dropped links) and 16 (flags) are not kept */
             break;
         }
         if (skip_field(d, &p, d->end, field, wt) < 0) goto done;
@@ -869,6 +884,7 @@ static int parse_span(Dec *d, ptr p, ptr end, PyObject *out) {
             events ? Py_NewRef(events) : PyList_New(0),
             Py_NewRef(empty_resource),
             Py_NewRef(empty_str),
+            PyLong_FromUnsignedLongLong(dropped),
         };
         int made = add_record(out, v);
         if (made == 0 && d->wires) made = append_wire(d, v, span_start, end, trace_id, trace_end);

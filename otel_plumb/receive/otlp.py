@@ -74,6 +74,8 @@ def span_record(span: Span, resource: dict[str, Any], scope_name: str) -> SpanRe
         events=[SpanEvent(e.name, e.time_unix_nano, attributes(e.attributes)) for e in events] if events else None,
         resource=resource,
         scope_name=scope_name,
+        dropped=span.dropped_attributes_count + span.dropped_events_count
+        + sum(e.dropped_attributes_count for e in events),
     )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 from otel_plumb.model.span import SpanEvent, SpanRecord
 
@@ -84,7 +84,26 @@ def span_record(span: dict[str, Any], resource: dict[str, Any], scope_name: str)
         events=events,
         resource=resource,
         scope_name=scope_name,
+        dropped=_dropped(span) + sum(_dropped(e) for e in raw_events) if raw_events else _dropped(span),
     )
+
+
+def _dropped(item: dict[str, Any]) -> int:
+    """What the SDK dropped from a span or an event (its attribute and event count limits)."""
+    g = item.get
+    total = 0
+    for camel, snake in _DROPPED_KEYS:
+        n = _int(_first(g(camel), g(snake)), camel)
+        if n < 0:
+            raise ValueError(f"{camel} is negative: {n}")
+        total += n
+    return total
+
+
+_DROPPED_KEYS: Final[tuple[tuple[str, str], ...]] = (
+    ("droppedAttributesCount", "dropped_attributes_count"),
+    ("droppedEventsCount", "dropped_events_count"),
+)
 
 
 def attributes(kvs: Any) -> dict[str, Any]:
