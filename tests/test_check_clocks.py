@@ -14,11 +14,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from test_check_early_incremental import _load
-from test_check_early_sound import agent_runs
+from test_check_early_sound import agent_runs, early_and_final
 
 from otel_plumb.assemble import build_trajectory
 from otel_plumb.check import load_policy
-from otel_plumb.check.early import EarlyWatch, in_flight, new_early_failures
+from otel_plumb.check.early import EarlyWatch
 from otel_plumb.model import NormalisedSpan
 from otel_plumb.replay import replay
 
@@ -93,19 +93,9 @@ def test_an_early_duration_failure_stands_whatever_the_skew(
     spans = [s for s in spans if s.convention != "test2"]
     ordered = sorted(spans, key=lambda s: s.end_ns)  # as the SDKs export them, on the true clock
     _on_hosts(spans, _served_remotely(spans, picks), skew_ns)
-    root, children = ordered[-1], ordered[:-1]
-    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(children))), max_size=len(children))))
-    state, reported, buffered = WATCH.state(), set[tuple[str, str]](), list[NormalisedSpan]()
-    for a, b in zip([0, *cuts], [*cuts, len(children)], strict=False):
-        buffered += children[a:b]
-        for span in children[a:b]:
-            state.add(span)
-        may_fail = WATCH.may_fail(state, reported)
-        if may_fail:
-            partial = build_trajectory("t", buffered, complete=False, incomplete_reason="in_flight")
-            new_early_failures(POLICIES, in_flight(partial), reported, frozenset(may_fail), WATCH, state.services)
-    final = build_trajectory("t", [*children, root])
-    assert reported <= {(p.name, v.invariant) for p in POLICIES for v in p.evaluate(final) if v.verdict == "fail"}
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(spans) - 1)), max_size=len(spans))))
+    reported, fails = early_and_final(POLICIES, WATCH, ordered, cuts)
+    assert reported <= fails
 
 
 def _mcp_remote(tmp_path: Path, skew_ns: int) -> Path:

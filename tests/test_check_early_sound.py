@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from test_check_early_incremental import POLICY_SETS, _alone, _load
 
 from otel_plumb.assemble import build_trajectory
+from otel_plumb.check import CompiledPolicy
 from otel_plumb.check.early import EarlyWatch, in_flight, new_early_failures
 from otel_plumb.model import NormalisedSpan, RequestedCall
 
@@ -140,8 +141,15 @@ def agent_runs(draw: Any) -> list[NormalisedSpan]:
 
 
 def _early_and_final(which: int, spans: list[NormalisedSpan], cuts: list[int]) -> tuple[set[Any], set[Any]]:
-    policies, watch = SETS[which], WATCHES[which]
-    ordered = sorted(spans, key=lambda s: s.end_ns)  # stable: a child that ends with its parent comes first
+    # stable: a child that ends with its parent comes first
+    return early_and_final(SETS[which], WATCHES[which], sorted(spans, key=lambda s: s.end_ns), cuts)
+
+
+def early_and_final(
+    policies: list[CompiledPolicy], watch: EarlyWatch, ordered: list[NormalisedSpan], cuts: list[int]
+) -> tuple[set[Any], set[Any]]:
+    """The early failures reported while ``ordered`` (in the order they arrive, the root last)
+    come in requests cut at ``cuts``, and the failures of the final verdict."""
     root, children = ordered[-1], ordered[:-1]
     assert root.parent_span_id is None
     state = watch.state()

@@ -85,13 +85,14 @@ def verdicts(steps: list[Step]) -> dict[str, tuple[str, str]]:
 
 def worlds(spec: Spec) -> list[list[Step]]:
     """Every way the unsure calls could have gone, recorded as tool spans: succeeded, failed,
-    or (requested, when their result was never given back) not run."""
+    or not run (but a requested call whose result was given back)."""
     options = []
     for _, _, recorded_by, error, seen in spec:
         if recorded_by == "span":
             options.append([("span", error)])
         else:
-            ran = recorded_by == "client" or seen
+            # A client span may stand for no call (a span the SDK cut may have been none).
+            ran = recorded_by == "llm_output" and seen
             options.append([("span", False), ("span", True)] + ([] if ran else [None]))
     out = []
     for choice in product(*options):

@@ -44,6 +44,7 @@ CONVENTIONS = {
     "openinference_openai": "openinference",
     "openinference_openai_hidden": "openinference",
     "openinference_openai_hidden_messages": "openinference",
+    "openinference_openai_long_history": "openinference",
     "openinference_openai_parallel": "openinference",
     "openllmetry_openai": "otel_genai",
     "openllmetry_openai_no_content": "otel_genai",
@@ -215,6 +216,28 @@ def test_requested_calls_become_steps_with_the_results_given_back(name):
     llm = [s for s in t.steps if s.kind == "llm"]
     assert [s.tokens for s in llm] == [52, 62, 72]  # prompt + completion tokens of each call
     assert t.attributes["invoice.id"] == "INV-1042"  # a task key on the application's span
+
+
+def test_a_long_conversation_over_the_default_span_limits_is_incomplete_but_keeps_its_calls():
+    """70 earlier messages under the SDK's default of 128 attributes a span: each OpenInference
+    model-call span lost its oldest attributes (the earliest messages, ``input.value``,
+    ``llm.tools``, ...) and kept the newest (its kind, model, token counts, the calls it asked
+    for, the results given back): the trajectory shows the calls, and says it may not be all."""
+    _, spans = load("openinference_openai_long_history")
+    cut = [s for s in spans if s.dropped]
+    assert [(s.name, len(s.attributes)) for s in cut] == [("ChatCompletion", 128)] * 3
+    for s in cut:
+        assert "input.value" not in s.attributes and "llm.input_messages.0.message.content" not in s.attributes
+        assert s.attributes["openinference.span.kind"] == "LLM"
+    t = trajectory(spans)
+    assert (t.complete, t.incomplete_reason) == (False, "attributes_dropped")
+    assert len(t.problems) == 3
+    for s, problem in zip(cut, t.problems, strict=True):
+        assert problem.startswith(f"span {s.span_id} ('ChatCompletion'): the SDK dropped {s.dropped} of its")
+    assert [s.tokens for s in t.steps if s.kind == "llm"] == [52, 62, 72]
+    lookup, payment = t.tool_steps
+    assert (lookup.tool_call_id, payment.tool_call_id) == ("call_0", "call_1")
+    assert lookup.result["status"] == "open" and payment.result["status"] == "paid"
 
 
 def test_without_content_capture_there_are_model_calls_but_no_tool_steps():

@@ -9,16 +9,16 @@ verdicts are one clean delivery's, and no early failure is one the final verdict
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_check_early_incremental import _load
 from test_delivery import request_of, spans_of
 
 from otel_plumb.assemble import AssemblyLimits, build_trajectory
-from otel_plumb.check import decide, load_policy
+from otel_plumb.check import decide
 from otel_plumb.check.early import EarlyWatch, in_flight, new_early_failures
 from otel_plumb.intake import Intake
 from otel_plumb.model import NormalisedSpan, Trajectory
@@ -48,18 +48,12 @@ WHAT_HAPPENED = {
 # Without the server's spans: a call may have been refused, so counts of successes cannot say.
 CLIENT_ONLY = {
     "lookup-first": "indeterminate", "must-look-up": "indeterminate", "pay-once": "indeterminate",
-    "never-pay": "indeterminate", "never-try-to-pay": "fail", "no-errors": "indeterminate", "three-calls": "pass",
+    "never-pay": "indeterminate", "never-try-to-pay": "indeterminate", "no-errors": "indeterminate",
+    "three-calls": "pass",
 }  # fmt: skip
 
 
-def _policy() -> Any:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "p.yaml"
-        path.write_text(POLICY_TEXT)
-        return load_policy(path)
-
-
-POLICY = _policy()
+POLICY = _load(POLICY_TEXT)
 WATCH = EarlyWatch([POLICY])
 REQUESTS = [parse_request(json.loads(line)) for line in FIXTURE.read_text().splitlines() if line.strip()]
 ITEMS = spans_of(REQUESTS)
@@ -99,7 +93,7 @@ def test_without_the_server_spans_no_verdict_rests_on_a_call_having_succeeded(tm
     ]  # fmt: skip
     verdicts = {v.invariant: v for v in decide([POLICY], t).verdicts}
     assert {k: v.verdict for k, v in verdicts.items()} == CLIENT_ONLY
-    assert "client span only, which does not record how the call ended" in verdicts["never-pay"].message
+    assert "recorded by a span that does not say how it ended" in verdicts["never-pay"].message
     report = coverage_report([t])
     assert report["tool_calls"]["without_outcome"] == 3
     notes = report["notes"]

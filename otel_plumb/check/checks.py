@@ -307,9 +307,9 @@ def _index(s: Step) -> int:
 
 def split_calls(steps: Sequence[Step], tools: Tools, *, attempts: bool = False) -> tuple[list[Step], list[Step]]:
     """The calls of ``tools`` the trace shows made, and those it cannot tell. Made: a tool span
-    without an error (with ``attempts``, any tool span, and a requested call whose result went
-    back to the model). Cannot tell: an unsure call (``Step.unsure``), which may have failed,
-    or, only requested, not run when its result was not seen."""
+    without an error (with ``attempts``, any tool span saying how it ended, and a requested call
+    whose result went back to the model). Cannot tell: an unsure call (``Step.unsure``), which
+    may have failed, or not run (a span the SDK cut may be no call at all)."""
     made: list[Step] = []
     maybe: list[Step] = []
     for s in steps:
@@ -318,7 +318,7 @@ def split_calls(steps: Sequence[Step], tools: Tools, *, attempts: bool = False) 
         if not s.unsure:
             if attempts or s.error is None:
                 made.append(s)
-        elif attempts and (s.source == "span" or s.result_status != "absent"):
+        elif attempts and s.source != "span" and s.result_status != "absent":
             made.append(s)
         else:
             maybe.append(s)
@@ -328,7 +328,8 @@ def split_calls(steps: Sequence[Step], tools: Tools, *, attempts: bool = False) 
 def unsure_text(run: Run, s: Step) -> str:
     """Why an unsure call (``Step.unsure``) does not count for sure."""
     if s.source == "span":
-        return f"{s.name} at {run.where(s)} has a client span only, which does not record how the call ended"
+        return (f"{s.name} at {run.where(s)} is recorded by a span that does not say how it ended (an MCP client "
+                "span with no server span under it, or a span the SDK cut)")  # fmt: skip
     how = "how it ended" if s.result_status != "absent" else "whether it ran"
     return f"{s.name} at {run.where(s)} was asked for by the model, and no tool span records {how}"
 
@@ -694,19 +695,20 @@ class Budget(Check):
 
 
 def _tool_calls(steps: Sequence[Step]) -> tuple[list[Step], list[Step]]:
-    """Tool calls that ran, and those that may have: a call only the model's request records
-    whose result was never given back."""
+    """Tool calls that ran, and those that may have: an unsure call (``Step.unsure``), but one
+    only the model's request records whose result was given back (it ran). A span that does
+    not say how a call ended may be no call at all: the SDK may have cut what it was."""
     ran: list[Step] = []
     maybe: list[Step] = []
     for s in steps:
         if s.kind == "tool":
-            (ran if s.source == "span" or s.result_status != "absent" else maybe).append(s)
+            (ran if not s.unsure or (s.source != "span" and s.result_status != "absent") else maybe).append(s)
     return ran, maybe
 
 
 def _tool_errors(steps: Sequence[Step]) -> tuple[list[Step], list[Step]]:
     """Tool calls that failed, and those that may have: any unsure call (``Step.unsure``)."""
-    failed = [s for s in steps if s.kind == "tool" and s.error is not None]
+    failed = [s for s in steps if s.kind == "tool" and s.error is not None and not s.unsure]
     return failed, [s for s in steps if s.kind == "tool" and s.unsure]
 
 

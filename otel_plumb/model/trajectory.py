@@ -191,9 +191,10 @@ class Step:
     tokens: int | None = None
     # The framework or instrumentation that wrote the span.
     framework: str | None = None
-    # False: the span records the call, not how it ended (an MCP client span whose SDK records
-    # neither the result nor its ``isError``: MCP reports a tool's failure in the result). The
-    # call ran and may have failed, as one only the model's request records may have.
+    # False: the span records the call, not for sure how it ended: an MCP client span whose SDK
+    # records neither the result nor its ``isError`` (MCP reports a tool's failure in the
+    # result), a span the SDK cut (what it lost may have said it failed, or was no call). The
+    # call may have failed, or not run, as one only the model's request records may have.
     outcome_recorded: bool = True
 
     def __init__(
