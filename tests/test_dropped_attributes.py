@@ -31,6 +31,8 @@ from otel_plumb.receive import otlp
 from otel_plumb.receive.files import read_spans
 from otel_plumb.receive.otlp_json import request_to_json
 from otel_plumb.receive.otlp_json_spans import request_spans as json_records
+from otel_plumb.replay import replay
+from otel_plumb.report.coverage import coverage_report
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Every captured fixture of the invoice agent: lookup_invoice, then send_payment (in some first
@@ -175,3 +177,11 @@ def test_whatever_the_sdk_dropped_a_verdict_is_the_whole_spans_or_indeterminate(
             assert verdict in (whole[key], "indeterminate"), (path.name, key, verdict, whole[key])
         else:  # a trace the whole spans do not make (a root cut off): nothing decided on it
             assert verdict in ("indeterminate", "not_applicable"), (path.name, key, verdict)
+
+
+def test_coverage_says_which_limits_to_raise() -> None:
+    """The captured OpenInference trace of a long conversation under the SDK's default limits."""
+    t = replay([FIXTURES / "conventions" / "openinference_openai_long_history.jsonl"]).trajectories
+    report = coverage_report(t)
+    assert report["incomplete"]["by_reason"] == {"attributes_dropped": 1}
+    assert any("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT" in n for n in report["notes"]), report["notes"]

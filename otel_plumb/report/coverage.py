@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from otel_plumb.model import Trajectory
-from otel_plumb.model.trajectory import CASE_ID
+from otel_plumb.model.trajectory import ATTRIBUTES_DROPPED, CASE_ID
 from otel_plumb.normalise.hints import CAPTURE_HINTS, FRAMEWORK_HINTS
 from otel_plumb.replay import ReplayStats
 
@@ -276,6 +276,13 @@ class CoverageCounter:
                 "could not be read and the format cannot tell which trace it held: every trajectory of a file "
                 "with an unreadable line or record is marked (see errors[] for where)."
             )
+        if self.incomplete.get(ATTRIBUTES_DROPPED):
+            notes.append(
+                f"{self.incomplete[ATTRIBUTES_DROPPED]} trajectories are incomplete because the SDK dropped attributes "
+                "or events from some of their spans (its span limits, 128 by default, which a long conversation's "
+                "messages exceed): raise OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT and OTEL_SPAN_EVENT_COUNT_LIMIT where the "
+                "agent runs (the problems name the spans)."
+            )
         if self.unlabelled:
             keys = " or ".join(self.task_attributes)
             notes.append(
@@ -295,7 +302,7 @@ class CoverageCounter:
             notes.append(f"{stats.over_limit_spans} spans were past the per-trace span limit and were left out.")
         if self.problems:
             were = "value was" if self.problems == 1 else "values were"
-            notes.append(f"{self.problems} {were} present but not understood (see problems.examples).")
+            notes.append(f"{self.problems} {were} present but not understood, or cut (see problems.examples).")
         return notes
 
 
