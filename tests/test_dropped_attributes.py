@@ -55,6 +55,9 @@ invariants:
   - {id: no-errors, budget: {max_tool_errors: 0}}
   - {id: few-calls, budget: {max_tool_calls: 2}}
   - {id: paid, expr: "steps.exists(s, s.name == 'send_payment' && s.error == null)"}
+  - {id: tokens, budget: {max_tokens: 150}}
+  - {id: model-calls, budget: {max_llm_calls: 3}}
+  - {id: steps, budget: {max_steps: 12}}
 """
 
 

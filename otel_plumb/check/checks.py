@@ -716,7 +716,11 @@ def _tool_errors(steps: Sequence[Step]) -> tuple[list[Step], list[Step]]:
 _BUDGET_COUNTS: Final[dict[str, Callable[[Sequence[Step]], tuple[list[Step], list[Step]]]]] = {
     "max_steps": lambda steps: (list(steps), []),
     "max_tool_calls": _tool_calls,
-    "max_llm_calls": lambda steps: ([s for s in steps if s.kind == "llm"], []),
+    # A model call on a span the SDK cut may be another record of one counted already.
+    "max_llm_calls": lambda steps: (
+        [s for s in steps if s.kind == "llm" and s.outcome_recorded],
+        [s for s in steps if s.kind == "llm" and not s.outcome_recorded],
+    ),
     "max_tool_errors": _tool_errors,
 }
 # On a trajectory still in flight, where a limit was crossed is known only for the tool-call
@@ -798,18 +802,31 @@ def _took_too_long(steps: Sequence[Step], start: int, took: float, limit: float,
 def _tokens(run: Run, steps: Sequence[Step], limit: int, locate: bool) -> Outcome:
     total, seen = 0, False
     uncounted: Step | None = None
+    # Tokens on spans the SDK cut: what merged such a span with another record of its call may
+    # be gone, so they may be counted twice.
+    cut_tokens, cut = 0, None
     for s in steps:
         if s.tokens is None:
             if uncounted is None and s.kind == "llm":
                 uncounted = s
             continue
         seen = True
+        if not s.outcome_recorded:
+            cut_tokens += s.tokens
+            if cut is None:
+                cut = s
+            continue
         total += s.tokens
         if total > limit:
             if not locate:
                 return Outcome("fail", None, f"{total} tokens, more than {limit}; {_CROSSING_LATER}",
                                f"<= {limit}", total)  # fmt: skip
             return Outcome("fail", s, f"{total} tokens by {run.where(s)}, more than {limit}", f"<= {limit}", total)
+    if cut is not None and total + cut_tokens > limit:
+        return Outcome(
+            "indeterminate", cut, f"{total} tokens counted, and {cut_tokens} more on spans the SDK cut, which may "
+            f"count a model call twice (first: {run.where(cut)})", f"<= {limit}", total,
+        )  # fmt: skip
     if uncounted is not None:
         # The counted tokens are within the limit, but a model call without a count may hold the rest.
         if not seen:

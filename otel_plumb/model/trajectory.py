@@ -194,7 +194,8 @@ class Step:
     # False: the span records the call, not for sure how it ended: an MCP client span whose SDK
     # records neither the result nor its ``isError`` (MCP reports a tool's failure in the
     # result), a span the SDK cut (what it lost may have said it failed, or was no call). The
-    # call may have failed, or not run, as one only the model's request records may have.
+    # call may have failed, or not run, as one only the model's request records may have. (A
+    # model call on a span the SDK cut may be a second record of one: its count and tokens.)
     outcome_recorded: bool = True
 
     def __init__(

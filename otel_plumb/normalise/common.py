@@ -149,15 +149,15 @@ def mark_cut(span: SpanRecord, out: NormalisedSpan) -> None:
     """A span the SDK dropped attributes or events from (its span limits) may have lost any of
     them: the one saying what it is, an argument of a flattened set, an ``error.type``. Its
     trajectory is incomplete (``ATTRIBUTES_DROPPED``); a tool call it records is unsure (it may
-    have failed, or be no call: what said otherwise may be gone); arguments read from flattened
-    keys may miss some."""
+    have failed, or be no call: what said otherwise may be gone), and so is a model call (it may
+    be another record of one counted already: what merged them may be gone); arguments read
+    from flattened keys may miss some."""
     out.cut = True
     out.problems += (
         f"span {span.span_id} ({span.name!r}): the SDK dropped {span.dropped} of its attributes or events (span "
         "limits: OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT, OTEL_SPAN_EVENT_COUNT_LIMIT, 128 by default)",
     )  # fmt: skip
-    if out.kind == "tool":
-        out.outcome_recorded = False
+    out.outcome_recorded = False
     if out.args_status == "captured" and out.args_source is not None and out.args_source.endswith("*"):
         out.args, out.args_status = None, "undecodable"
 
