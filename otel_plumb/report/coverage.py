@@ -227,9 +227,10 @@ class CoverageCounter:
             )
         if self.tool_calls_without_outcome:
             notes.append(
-                f"{self.tool_calls_without_outcome} tool calls are recorded only by an MCP client span that does not "
-                "record how they ended (no span of the server's came in the trace): whether they succeeded is not "
-                "recorded, so checks that turn on it are indeterminate (trace the MCP server too)."
+                f"{self.tool_calls_without_outcome} tool calls are recorded by a span that does not say how they "
+                "ended (an MCP client span with no span of the server's under it, or a span the SDK cut): whether "
+                "they succeeded is not recorded, so checks that turn on it are indeterminate (trace the MCP server "
+                "too; raise the SDK's span limits)."
             )
         no_tools = sum(self.llm_without_tools.values())
         if no_tools:
