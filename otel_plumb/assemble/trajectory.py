@@ -233,28 +233,25 @@ def build_trajectory(
 
 def _clocks(steps: list[Step], by_id: dict[str, NormalisedSpan]) -> dict[str, str]:
     """The clock of each step's span, by span id, when the steps were timed by more than one;
-    else empty (the usual case, at the cost of a lookup per step). A clock is a host's (its
+    else empty (the usual case, found in one pass that builds nothing). A clock is a host's (its
     ``host.name`` or ``host.id``); a process naming no host is taken to have a clock of its own
     (``service.name`` and ``service.instance.id``)."""
-    out: dict[str, str] = {}
+    spans = [span for st in steps if (span := by_id.get(st.span_id)) is not None]
     first: str | None = None
-    several = False
     last: object = None
-    clock = ""
-    for st in steps:
-        span = by_id.get(st.span_id)
-        if span is None:
-            continue
+    for span in spans:
         a = span.attributes
-        if a is not last:  # most steps share their resource's attributes
-            last = a
-            clock = _clock_of(a)
-        out[st.span_id] = clock
+        if a is last:  # most steps share their resource's attributes
+            continue
+        last = a
+        clock = _clock_of(a)
         if first is None:
             first = clock
         elif clock != first:
-            several = True
-    return out if several else {}
+            break
+    else:
+        return {}
+    return {span.span_id: _clock_of(span.attributes) for span in spans}
 
 
 def _clock_of(attributes: dict[str, object]) -> str:

@@ -318,7 +318,7 @@ def split_calls(steps: Sequence[Step], tools: Tools, *, attempts: bool = False) 
         if not s.unsure:
             if attempts or s.error is None:
                 made.append(s)
-        elif attempts and s.source != "span" and s.result_status != "absent":
+        elif attempts and _ran(s):
             made.append(s)
         else:
             maybe.append(s)
@@ -702,8 +702,14 @@ def _tool_calls(steps: Sequence[Step]) -> tuple[list[Step], list[Step]]:
     maybe: list[Step] = []
     for s in steps:
         if s.kind == "tool":
-            (ran if not s.unsure or (s.source != "span" and s.result_status != "absent") else maybe).append(s)
+            (ran if _ran(s) else maybe).append(s)
     return ran, maybe
+
+
+def _ran(s: Step) -> bool:
+    """Whether a tool call surely ran: one the trace is sure of, or one only the model's request
+    records whose result was given back to the model."""
+    return not s.unsure or (s.source != "span" and s.result_status != "absent")
 
 
 def _tool_errors(steps: Sequence[Step]) -> tuple[list[Step], list[Step]]:

@@ -118,7 +118,7 @@ class NormalisedSpan:
     hidden_tool_calls: bool = False
     # The framework or instrumentation that wrote the span (from its instrumentation scope).
     framework: str | None = None
-    # False: a tool call's span that does not record how the call ended (see Step).
+    # False: the span does not say for sure how its call ended, or that it was one (see Step).
     outcome_recorded: bool = True
     # The SDK dropped attributes or events from the span (ATTRIBUTES_DROPPED).
     cut: bool = False
