@@ -54,6 +54,7 @@ CONVENTIONS = {
     "pydantic_ai_v2": "pydantic_ai",
     "pydantic_ai_v5": "pydantic_ai",
     "pydantic_ai_mcp_remote": "pydantic_ai",
+    "pydantic_ai_remote_subagent": "pydantic_ai",
     "strands": "strands",
     "strands_openai": "strands",
     "strands_openai_latest": "strands",
