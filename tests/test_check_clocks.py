@@ -20,6 +20,7 @@ from otel_plumb.assemble import build_trajectory
 from otel_plumb.check import load_policy
 from otel_plumb.check.early import EarlyWatch
 from otel_plumb.model import NormalisedSpan
+from otel_plumb.model.span import SPAN_KIND_CLIENT, SPAN_KIND_SERVER
 from otel_plumb.replay import replay
 
 FIXTURES = Path(__file__).parent / "fixtures" / "conventions"
@@ -98,15 +99,16 @@ def test_an_early_duration_failure_stands_whatever_the_skew(
     assert reported <= fails
 
 
-def _mcp_remote(tmp_path: Path, skew_ns: int) -> Path:
-    """The captured two-process MCP trace, the tool server's clock ``skew_ns`` ahead."""
-    out = tmp_path / f"skew{skew_ns}.jsonl"
+def _mcp_remote(tmp_path: Path, skew_ns: int, fixture: str = "mcp_remote", remote: str = "billing-tools") -> Path:
+    """A captured two-process trace (the MCP one), the clock of the ``remote`` service's process
+    ``skew_ns`` ahead."""
+    out = tmp_path / f"{fixture}{skew_ns}.jsonl"
     with out.open("w") as f:
-        for line in (FIXTURES / "mcp_remote.jsonl").read_text().splitlines():
+        for line in (FIXTURES / f"{fixture}.jsonl").read_text().splitlines():
             request = json.loads(line)
             for rs in request["resourceSpans"]:
                 service = {a["key"]: a["value"].get("stringValue") for a in rs["resource"]["attributes"]}
-                if service["service.name"] != "billing-tools":
+                if service["service.name"] != remote:
                     continue
                 for ss in rs["scopeSpans"]:
                     for span in ss["spans"]:
@@ -147,3 +149,120 @@ def test_a_captured_mcp_server_in_another_process(tmp_path: Path, skew_s: int) -
         assert by_cel.verdict == "pass"
     else:
         assert by_cel.verdict == "indeterminate" and "duration_ms spans the times of 2 clocks" in by_cel.message
+
+
+# Steps of two clocks are ordered as far as the trace can say: a remote span started after the
+# agent's span its call came from started, and, when the agent waited for it (a CLIENT span over
+# a SERVER span), before that span ended. A verdict that turns on the order of calls of two
+# clocks the trace cannot place stands only if every order the trace allows gives it.
+ORDER_POLICY = _load("""
+policy: order
+invariants:
+  - {id: lookup-first, precedes: {first: lookup, then: pay}}
+  - {id: check-first, precedes: {first: check, then: refund}}
+  - {id: pay-after-lookup, responds: {trigger: lookup, then: pay}}
+  - {id: pay-as-looked-up, arg_equals: {tool: pay, arg: x, step: {tool: lookup, arg: x}}}
+  - id: first-call-is-lookup
+    expr: "size(steps.filter(s, s.kind == 'tool')) == 0 || steps.filter(s, s.kind == 'tool')[0].name == 'lookup'"
+  - id: pay-after-a-lookup
+    expr: "steps.all(p, p.name != 'pay' || steps.exists(l, l.name == 'lookup' && l.index < p.index))"
+""")
+
+
+def _ids_for_all_or_none(spans: list[NormalisedSpan]) -> list[NormalisedSpan]:
+    """The run with its tool spans' call ids, if all have one, else with none: calls the model
+    asked for in one turn are ordered by its request only among those whose span records the
+    id (``_order_parallel_calls``), and which calls those are would decide the order of the
+    others, start times a microsecond apart, for reasons that are not the clocks'."""
+    spans = [s for s in spans if s.convention != "test2"]  # a second instrumentation: on the first's host
+    tools = [s for s in spans if s.kind == "tool"]
+    if not all(s.tool_call_id for s in tools):
+        for s in tools:
+            s.tool_call_id = None
+    return spans
+
+
+def _order_verdicts(spans: list[NormalisedSpan]) -> list[str]:
+    return [v.verdict for v in ORDER_POLICY.evaluate(build_trajectory("t", spans))]
+
+
+def _called_remotely(spans: list[NormalisedSpan], picks: list[bool]) -> tuple[list[NormalisedSpan], set[str]]:
+    """The run with the picked tool calls served by another process: a CLIENT span of the
+    agent's (``POST /tools``, around the call) over the tool span, now a SERVER span."""
+    out = list(spans)
+    remote = _served_remotely(spans, picks)
+    for s in spans:
+        if s.span_id in remote and s.parent_span_id not in remote:
+            client = NormalisedSpan(
+                trace_id=s.trace_id, span_id=f"k{s.span_id}", parent_span_id=s.parent_span_id, span_name="POST /tools",
+                start_ns=s.start_ns - 1, end_ns=s.end_ns + 1, kind="other", name="POST /tools", convention="unknown",
+                span_kind=SPAN_KIND_CLIENT,
+            )  # fmt: skip
+            s.parent_span_id, s.span_kind = client.span_id, SPAN_KIND_SERVER
+            out.append(client)
+    return out, remote
+
+
+@settings(max_examples=200, deadline=None)
+@given(agent_runs(), st.lists(st.booleans(), min_size=1, max_size=12), st.integers(-300_000, 300_000),
+       st.booleans())  # fmt: skip
+def test_a_skewed_clock_never_makes_an_order_verdict_the_unskewed_run_would_not_get(
+    spans: list[NormalisedSpan], picks: list[bool], skew_ns: int, waited: bool
+) -> None:
+    """``waited``: the agent calls the other process and waits for the answer (CLIENT over
+    SERVER); else the remote spans hang under the agent's own, as a message's consumer does."""
+    spans = _ids_for_all_or_none(spans)
+    assume(not any(s.hidden_tool_calls for s in spans))
+    if waited:
+        spans, remote = _called_remotely(spans, picks)
+    else:
+        remote = _served_remotely(spans, picks)
+    true = _order_verdicts(_on_hosts(spans, set(), 0))
+    for skew in (0, skew_ns):
+        for was, now in zip(true, _order_verdicts(_on_hosts(spans, remote, skew)), strict=True):
+            assert now in (was, "indeterminate"), (was, now, skew)
+        _on_hosts(spans, remote, -skew)  # back to the true times
+
+
+@settings(max_examples=150, deadline=None)
+@given(agent_runs(), st.lists(st.booleans(), min_size=1, max_size=12), st.integers(-300_000, 300_000), st.data())
+def test_an_early_order_failure_stands_whatever_the_skew(
+    spans: list[NormalisedSpan], picks: list[bool], skew_ns: int, data: Any
+) -> None:
+    spans, remote = _called_remotely(_ids_for_all_or_none(spans), picks)
+    true = {("order", v.invariant) for v in ORDER_POLICY.evaluate(build_trajectory("t", _on_hosts(spans, set(), 0)))
+            if v.verdict == "fail"}  # fmt: skip
+    ordered = sorted(spans, key=lambda s: s.end_ns)  # as the SDKs export them, on the true clock
+    _on_hosts(spans, remote, skew_ns)
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(spans) - 1)), max_size=len(spans))))
+    reported, fails = early_and_final([ORDER_POLICY], ORDER_WATCH, ordered, cuts)
+    assert reported <= fails <= true
+
+
+ORDER_WATCH = EarlyWatch([ORDER_POLICY])
+
+
+@pytest.mark.parametrize("skew_s", [0, 5, -5, 0.05, -0.05])
+def test_a_captured_sub_agent_in_another_process(tmp_path: Path, skew_s: float) -> None:
+    """The billing agent's tool calls the payments agent in another process over HTTP (httpx's
+    CLIENT span, the ASGI SERVER span): its payments started after the agent's HTTP request did
+    and before the answer came, whatever the payments process's clock says. Skewed 5 s either
+    way (before: the payments sorted before the lookup, or after the notification, and two
+    orders failed that the run kept), the verdicts are the unskewed run's."""
+    path = _mcp_remote(tmp_path, int(skew_s * 10**9), "pydantic_ai_remote_subagent", "payments-agent")
+    invariants = {
+        "{id: lookup-first, precedes: {first: lookup_invoice, then: send_payment}}": "pass",
+        "{id: paid-then-notified, responds: {trigger: send_payment, then: notify_customer}}": "pass",
+        "{id: notify-last, precedes: {first: send_payment, then: notify_customer}}": "pass",
+        "{id: notify-first, precedes: {first: notify_customer, then: send_payment}}": "fail",
+        "{id: as-looked-up, arg_equals: {tool: send_payment, arg: invoice_id, "
+        "step: {tool: lookup_invoice, arg: invoice_id}}}": "pass",
+        "{id: tools-in-order, expr: \"steps.filter(s, s.kind == 'tool' && s.error == null).map(s, s.name) == "
+        "['lookup_invoice', 'send_payment', 'notify_customer']\"}": "pass",
+    }  # fmt: skip
+    for invariant, verdict in invariants.items():
+        trajectory, got = _replay_verdict(path, 0, tmp_path, invariant)
+        assert len(set(trajectory.clocks.values())) == 2
+        assert got.verdict == verdict, (invariant, got.message)
+    steps = [s.name for s in trajectory.steps if s.kind == "tool"]
+    assert steps == ["lookup_invoice", "send_payment", "send_payment", "notify_customer"]

@@ -218,7 +218,7 @@ class Tombstone:
                 span_name=span.span_name, start_ns=span.start_ns, end_ns=span.end_ns, kind=span.kind,
                 name=span.name, convention=span.convention, error=span.error, agent=span.agent,
                 tool_call_id=span.tool_call_id, session_id=span.session_id, outcome_recorded=span.outcome_recorded,
-                cut=span.cut,
+                cut=span.cut, span_kind=span.span_kind,
                 # Who the trace belongs to (service, task key), as a trajectory reads it: once.
                 attributes=dict(span.attributes) if not self.calls else {},
             )

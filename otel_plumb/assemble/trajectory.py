@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Callable, Iterable
 from operator import attrgetter
 from typing import Final
 
+from otel_plumb.model.span import SPAN_KIND_CLIENT, SPAN_KIND_SERVER
 from otel_plumb.model.trajectory import (
     ATTRIBUTES_DROPPED,
     HANDOFF_TOOLS,
@@ -182,6 +184,11 @@ def build_trajectory(
         drafts.extend(requested)
         drafts.sort(key=lambda d: d[0])
         steps = [step for _, step in drafts]
+    # Before anything else reads the order: the places of parallel calls, which nested records merge.
+    clocks = _clocks(steps, by_id)
+    start_bounds: dict[str, tuple[int, int | None]] = {}
+    if clocks:
+        steps, start_bounds = _across_clocks(steps, by_id, clocks, root)
     if llm_spans:
         _merge_nested_model_calls(steps)
     if len(tool_steps) > 1:
@@ -189,7 +196,7 @@ def build_trajectory(
     if len(tool_steps) > 1 or llm_spans > 1:
         _merge_calls_recorded_twice(steps, by_id)
     if asking:
-        _order_parallel_calls(steps, asking)
+        _order_parallel_calls(steps, asking, clocks)
     if tool_steps or requested:  # a handoff is a tool call, and may name the agent steps inherit
         _delegations_and_handoffs(steps, by_id)
         _assign_agents(steps, by_id)
@@ -227,7 +234,8 @@ def build_trajectory(
         span_count=len(spans),
         attributes=attributes,
         problems=problems,
-        clocks=_clocks(steps, by_id),
+        clocks=clocks,
+        start_bounds=start_bounds,
     )
 
 
@@ -262,6 +270,85 @@ def _clock_of(attributes: dict[str, object]) -> str:
     service = attributes.get("service.name") or "unknown_service"
     instance = attributes.get("service.instance.id")
     return f"{service} (instance {instance})" if instance else str(service)
+
+
+def _across_clocks(
+    steps: list[Step], by_id: dict[str, NormalisedSpan], clocks: dict[str, str], root: NormalisedSpan | None
+) -> tuple[list[Step], dict[str, tuple[int, int | None]]]:
+    """Steps timed by several clocks: when each step of another clock than the agent's (its root
+    span's, else its first step's) started by the agent's clock, as far as the trace shows
+    (``Trajectory.start_bounds``), and the steps in an order those bounds allow. Each clock's
+    steps keep their order; each other clock's are moved by the one shift closest to none that
+    puts them all within their bounds (none when their times are within them already: then the
+    order is left as it is) and merged with the agent's. The shift gives one order the trace
+    allows, not the skew: a check whose verdict turns on the order tries the others
+    (``check.checks.over_orders``)."""
+    clock_of: dict[int, str] = {}  # by the resource attributes the spans of a process share
+
+    def clock(span: NormalisedSpan) -> str:
+        found = clock_of.get(id(span.attributes))
+        if found is None:
+            found = clock_of[id(span.attributes)] = _clock_of(span.attributes)
+        return found
+
+    own = clock(root) if root is not None else clocks[steps[0].span_id]
+    bounds: dict[str, tuple[int, int | None]] = {}
+    by_clock: dict[str, list[Step]] = {}
+    for st in steps:
+        at = clocks[st.span_id]
+        by_clock.setdefault(at, []).append(st)
+        if at != own and st.span_id not in bounds:
+            bounds[st.span_id] = _start_bound(by_id[st.span_id], by_id, own, clock)
+    shifted = False
+    keyed: list[list[tuple[int, int, Step]]] = []
+    for rank, (at, on_clock) in enumerate(sorted(by_clock.items(), key=lambda c: c[0] != own)):
+        shift = 0 if at == own else _shift(on_clock, bounds)
+        keys: list[tuple[int, int, Step]] = []
+        last = 0
+        for st in on_clock:
+            key = st.start_ns + shift
+            if at != own:
+                lo, hi = bounds[st.span_id]
+                key = max(key, lo + 1) if hi is None else min(max(key, lo + 1), hi - 1)
+                shifted = shifted or key != st.start_ns
+            last = max(last, key)  # a clock's steps keep their order
+            keys.append((last, rank, st))
+        keyed.append(keys)
+    if not shifted:
+        return steps, bounds
+    return [st for _, _, st in heapq.merge(*keyed, key=lambda k: (k[0], k[1]))], bounds
+
+
+def _start_bound(
+    span: NormalisedSpan, by_id: dict[str, NormalisedSpan], own: str, clock: Callable[[NormalisedSpan], str]
+) -> tuple[int, int | None]:
+    """When ``span`` started by the ``own`` clock: after the nearest span of that clock above it
+    started, and, if every hop to it is a CLIENT span over a SERVER span (a call waited for),
+    before that span ended; (0, None) when there is none."""
+    waited = True
+    cur = span
+    for _ in range(len(by_id)):
+        parent = by_id.get(cur.parent_span_id) if cur.parent_span_id is not None else None
+        if parent is None:
+            break
+        if clock(parent) != clock(cur):
+            waited = waited and cur.span_kind == SPAN_KIND_SERVER and parent.span_kind == SPAN_KIND_CLIENT
+            if clock(parent) == own:
+                return parent.start_ns, parent.end_ns if waited else None
+        cur = parent
+    return 0, None
+
+
+def _shift(on_clock: list[Step], bounds: dict[str, tuple[int, int | None]]) -> int:
+    """The shift closest to none that puts every step of one clock within its bounds (the
+    smallest one above them all when none fits: the clock ran at another rate)."""
+    least, most = -(1 << 62), 1 << 62
+    for st in on_clock:
+        lo, hi = bounds[st.span_id]
+        least = max(least, lo + 1 - st.start_ns)
+        if hi is not None:
+            most = min(most, hi - 1 - st.start_ns)
+    return least if least > 0 or least > most else min(0, most)
 
 
 def _agent_of(steps: list[Step]) -> str | None:
@@ -860,10 +947,12 @@ def _absorb(outer: Step, group: list[Step]) -> None:
         outer.error, outer.outcome_recorded = ended.error, True
 
 
-def _order_parallel_calls(steps: list[Step], asking: list[NormalisedSpan]) -> None:
+def _order_parallel_calls(steps: list[Step], asking: list[NormalisedSpan], clocks: dict[str, str]) -> None:
     """Tool calls the model asked for in one turn run in the order it asked for them, whatever
     their start times say (they often start together, or in thread order): among their own
-    places in the trajectory they are put in request order. ``asking``: the spans with requests."""
+    places in the trajectory they are put in request order. ``asking``: the spans with requests.
+    A call timed by another clock than the model call's keeps its place: that place is only one
+    the trace allows (``_across_clocks``), and another call put there would take it for sure."""
     turn_of: dict[str, tuple[str, int]] = {}
     for s in asking:
         if len(s.requested_calls) > 1:
@@ -876,6 +965,8 @@ def _order_parallel_calls(steps: list[Step], asking: list[NormalisedSpan]) -> No
     for i, st in enumerate(steps):
         if st.kind == "tool" and st.source == "span" and st.tool_call_id in turn_of:
             turn, n = turn_of[st.tool_call_id]
+            if clocks and clocks.get(st.span_id) != clocks.get(turn):
+                continue
             turns.setdefault(turn, []).append((n, i))
     for calls in turns.values():
         if len(calls) > 1:

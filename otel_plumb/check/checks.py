@@ -16,6 +16,10 @@ A CEL expression (``arg_satisfies``, ``expr``) that may read a stand-in in trace
 placeholder, a redaction marker: ``read_stand_in``) is indeterminate without being evaluated:
 it would decide on the stand-in's text, "<REDACTED>" != "boss@corp.com" a false pass.
 
+Steps timed by different clocks (an agent and a tool server or sub-agent on another host) are
+ordered as far as the trace can say (``Trajectory.start_bounds``): a verdict that turns on the
+order of calls stands only if it holds in every order the trace allows (``over_orders``).
+
 A run is *provisional* when it checks a trajectory still in flight (early verdicts): step
 indices are not final there (a span that starts earlier, the root first of all, may still
 arrive and shift every index), so its messages name a step by span id and call ordinal
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -143,6 +148,15 @@ class Run:
             calls = self._calls[tools] = ([s.index for s in found], found)
         at = bisect.bisect_left(calls[0], index)
         return calls[1][at - 1] if at else None
+
+    def call_in_unknown_order(self, tools: Tools, step: Step) -> Step | None:
+        """A call of ``tools`` (as ``last_call_before`` counts them) the trace cannot say started
+        before ``step`` or after it (``started_before``), or None."""
+        t = self.trajectory
+        if not t.start_bounds:
+            return None
+        self.last_call_before(tools, step.index)  # builds the index of the calls
+        return next((c for c in self._calls[tools][1] if started_before(t, c, step) is None), None)
 
     def cel_steps(self, steps: Sequence[Step], fields: frozenset[str]) -> list[dict[str, Any]]:
         built = self._cel_steps.get(fields)
@@ -364,6 +378,103 @@ def over_unsure_calls(
     return base
 
 
+# Calls whose order is unknown that a check tries every order of, at most (6! = 720 orders).
+MAX_LOOSE_STEPS: Final = 6
+
+
+def start_bounds(t: Trajectory, s: Step) -> tuple[int, int | None]:
+    """When ``s`` started by the agent's clock: its start, or after and before the bounds
+    the trace gives when another clock timed it (``Trajectory.start_bounds``)."""
+    found = t.start_bounds.get(s.span_id)
+    return (s.start_ns, s.start_ns) if found is None else found
+
+
+def started_before(t: Trajectory, a: Step, b: Step) -> bool | None:
+    """Whether ``a`` started before ``b`` (True), after it (False), or either may have come
+    first (None): steps of one clock by their order, of two clocks by ``start_bounds``."""
+    clocks = t.clocks
+    if not t.start_bounds or clocks.get(a.span_id) == clocks.get(b.span_id):
+        return a.index < b.index
+    lo_a, hi_a = start_bounds(t, a)
+    lo_b, hi_b = start_bounds(t, b)
+    if hi_a is not None and hi_a <= lo_b:
+        return True
+    if hi_b is not None and hi_b <= lo_a:
+        return False
+    return None
+
+
+def loose_steps(t: Trajectory, steps: Sequence[Step]) -> list[Step]:
+    """Those of ``steps`` timed by one clock whose start the trace cannot place against another
+    of ``steps`` timed by another, in step order; stops past MAX_LOOSE_STEPS. A sweep over
+    the start bounds: O(steps log steps) plus the overlaps."""
+    if not t.start_bounds:
+        return []
+    clocks = t.clocks
+    loose: dict[int, Step] = {}
+    open_bounds: list[tuple[int, int | None, Step]] = []  # of steps of other clocks, started by now
+    for (lo, hi), s in sorted(((start_bounds(t, s), s) for s in steps), key=lambda b: b[0][0]):
+        open_bounds = [b for b in open_bounds if b[1] is None or b[1] > lo]
+        clock = clocks.get(s.span_id)
+        for other_lo, _, other in open_bounds:
+            if clocks.get(other.span_id) != clock and not (hi is not None and hi <= other_lo):
+                loose[id(other)], loose[id(s)] = other, s
+        if hi is None or hi > lo:
+            open_bounds.append((lo, hi, s))
+        if len(loose) > MAX_LOOSE_STEPS:
+            break
+    return sorted(loose.values(), key=_index)
+
+
+def over_orders(
+    run: Run, steps: Sequence[Step], tools: Tools | None, decide: Callable[[Run, Sequence[Step]], Outcome]
+) -> Outcome:
+    """``decide`` on the steps in every order the trace allows the tool calls of ``tools`` (None:
+    every step) to have started in: the verdict all give, else indeterminate. Calls timed by one
+    clock keep their order; calls of two clocks whose start bounds overlap (``loose_steps``)
+    may have started either way. ``decide`` is given the steps in step order, then only the
+    steps read, in each other order."""
+    t = run.trajectory
+    if not t.start_bounds:
+        return decide(run, steps)
+    read = [s for s in steps if tools is None or (s.kind == "tool" and s.name in tools)]
+    loose = loose_steps(t, read)
+    if not loose:
+        return decide(run, steps)
+    if len(loose) > MAX_LOOSE_STEPS:
+        return Outcome("indeterminate", loose[0], f"more than {MAX_LOOSE_STEPS} steps it reads were timed by "
+                       "different clocks, which cannot say in which order they started (first: "
+                       f"{run.where(loose[0])})")  # fmt: skip
+    base = decide(run, steps)
+    loose_ids = {id(s) for s in loose}
+    fixed = [s for s in read if id(s) not in loose_ids]
+    fixed_indices = [s.index for s in fixed]
+    # Where each loose step goes among the others: after those before it (their order against
+    # every step is known, and step order follows it).
+    slot = {id(s): bisect.bisect_left(fixed_indices, s.index) for s in loose}
+    for order in itertools.permutations(loose):
+        if all(a is b for a, b in zip(order, loose, strict=True)) or not _possible(t, order, slot):
+            continue
+        place = {id(s): n for n, s in enumerate(order)}
+        keyed = [((n, 1, 0), s) for n, s in enumerate(fixed)] + [((slot[id(s)], 0, place[id(s)]), s) for s in loose]
+        other = decide(run, [s for _, s in sorted(keyed, key=lambda k: k[0])])
+        if other.verdict != base.verdict:
+            a, b = next((a, b) for a, b in itertools.combinations(order, 2) if a.index > b.index)
+            return Outcome("indeterminate", b, f"{base.verdict} or {other.verdict}, as {run.where(b)} ({b.name}) "
+                           f"and {run.where(a)} ({a.name}) were timed by different clocks ({t.clocks.get(b.span_id)}, "
+                           f"{t.clocks.get(a.span_id)}), which cannot say which started first "
+                           f"({base.message or other.message})", base.expected, base.got)  # fmt: skip
+    return base
+
+
+def _possible(t: Trajectory, order: Sequence[Step], slot: dict[int, int]) -> bool:
+    """Whether the steps may have started in ``order``: none after one it surely started before."""
+    for a, b in itertools.combinations(order, 2):
+        if slot[id(a)] > slot[id(b)] or started_before(t, b, a) is True:
+            return False
+    return True
+
+
 class Check:
     """Base: ``early`` marks kinds whose fail on a partial trajectory is final (SPEC 6);
     ``final_fail`` whether a fail on an incomplete trajectory stands; ``fail_survives_lost_data``
@@ -453,7 +564,24 @@ class CallCount(Check):
         return PASS
 
 
-class Precedes(Check):
+class OrderCheck(Check):
+    """A check whose verdict turns on the order of the calls of ``read``: ``decide`` on the
+    calls in one order, the verdict it gives whichever way the unsure calls went and in every
+    order the trace allows."""
+
+    read: Tools
+
+    def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
+        return over_unsure_calls(run, steps, self.read, self.in_any_order)
+
+    def in_any_order(self, run: Run, steps: Sequence[Step]) -> Outcome:
+        return over_orders(run, steps, self.read, self.decide)
+
+    def decide(self, run: Run, steps: Sequence[Step]) -> Outcome:
+        raise NotImplementedError
+
+
+class Precedes(OrderCheck):
     early = True
     # The earlier call it wants may be among the lost spans.
     fail_survives_lost_data = False
@@ -461,9 +589,6 @@ class Precedes(Check):
     def __init__(self, first: Tools, then: Tools) -> None:
         self.first, self.then = first, then
         self.read = first | then
-
-    def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
-        return over_unsure_calls(run, steps, self.read, self.decide)
 
     def decide(self, run: Run, steps: Sequence[Step]) -> Outcome:
         for s in steps:
@@ -479,20 +604,17 @@ class Precedes(Check):
         return PASS
 
 
-class Responds(Check):
+class Responds(OrderCheck):
     def __init__(self, trigger: Tools, then: Tools) -> None:
         self.trigger, self.then = trigger, then
         self.read = trigger | then
-
-    def run(self, run: Run, steps: Sequence[Step]) -> Outcome:
-        return over_unsure_calls(run, steps, self.read, self.decide)
 
     def decide(self, run: Run, steps: Sequence[Step]) -> Outcome:
         waiting: Step | None = None
         for s in steps:
             if s.kind != "tool" or s.error is not None:
                 continue
-            if s.name in self.then and waiting is not None and s.index > waiting.index:
+            if s.name in self.then and waiting is not None:
                 waiting = None
             elif s.name in self.trigger and waiting is None:
                 waiting = s
@@ -854,8 +976,20 @@ class Expr(Check):
         hidden = run.stand_in_read_by(self.expression, steps)
         if hidden is not None:
             return Outcome("indeterminate", hidden[0], f"{hidden[1]}, which {self.expression.source} reads")
+        if "steps" in self.expression.variables:
+            return over_orders(run, steps, None, self.evaluate)
+        return self.evaluate(run, steps)
+
+    def evaluate(self, run: Run, steps: Sequence[Step]) -> Outcome:
+        """The expression on ``steps``; in another order than step order (``over_orders``), a
+        step's ``index`` is its place in it."""
+        act = run.activation(self.expression, steps)
+        if "steps" in act and "index" in self.expression.words:
+            indices = sorted(s.index for s in steps)
+            if any(s.index != i for s, i in zip(steps, indices, strict=True)):
+                act["steps"] = [{**m, "index": i} for m, i in zip(act["steps"], indices, strict=True)]
         try:
-            ok = self.expression.test(run.activation(self.expression, steps), run.budget)
+            ok = self.expression.test(act, run.budget)
         except BudgetExceeded as over:
             return Outcome("indeterminate", None, str(over))
         except EvaluationError as exc:

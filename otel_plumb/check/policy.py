@@ -683,6 +683,10 @@ def _expected_source(
         what = "result" if use_result else "argument"
 
         def from_step(run: ck.Run, step: Step) -> tuple[Any, str | None]:
+            unordered = run.call_in_unknown_order(source, step)
+            if unordered is not None:
+                return None, (f"{run.where(unordered)} ({unordered.name}) and {run.where(step)} were timed by "
+                              "different clocks, which cannot say which started first")  # fmt: skip
             src = run.last_call_before(source, step.index)
             if src is None:
                 return None, f"no successful {ck.tools_text(source)} before {run.where(step)}"

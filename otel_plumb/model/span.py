@@ -7,6 +7,7 @@ from typing import Any, Final
 
 # OTLP Span.SpanKind and Status.StatusCode numbers, kept as ints (as on the wire).
 SPAN_KIND_NAMES: Final[tuple[str, ...]] = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
+SPAN_KIND_SERVER: Final = 2
 SPAN_KIND_CLIENT: Final = 3
 STATUS_UNSET: Final = 0
 STATUS_OK: Final = 1

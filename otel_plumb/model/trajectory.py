@@ -122,6 +122,9 @@ class NormalisedSpan:
     outcome_recorded: bool = True
     # The SDK dropped attributes or events from the span (ATTRIBUTES_DROPPED).
     cut: bool = False
+    # The span's OTel kind (``model.span.SPAN_KIND_NAMES``): a CLIENT span over a SERVER span in
+    # another process is a call its caller waited for (``Trajectory.start_bounds``).
+    span_kind: int = 0
 
     def __init__(
         self, trace_id: str, span_id: str, parent_span_id: str | None, span_name: str, start_ns: int, end_ns: int,
@@ -131,7 +134,7 @@ class NormalisedSpan:
         tokens: int | None = None, session_id: str | None = None, requested_calls: tuple[RequestedCall, ...] = (),
         tool_results: Mapping[str, Any] = NO_TOOL_RESULTS, attributes: dict[str, Any] | None = None,
         problems: tuple[str, ...] = (), hidden_tool_calls: bool = False, framework: str | None = None,
-        outcome_recorded: bool = True, cut: bool = False,
+        outcome_recorded: bool = True, cut: bool = False, span_kind: int = 0,
     ) -> None:  # fmt: skip
         self.trace_id = trace_id
         self.span_id = span_id
@@ -160,6 +163,7 @@ class NormalisedSpan:
         self.framework = framework
         self.outcome_recorded = outcome_recorded
         self.cut = cut
+        self.span_kind = span_kind
 
     @property
     def is_root(self) -> bool:
@@ -266,13 +270,20 @@ class Trajectory:
     # processes that name no host): the clock of each step's span, by span id. Empty otherwise.
     # Times from two clocks differ by the clocks' skew, which nothing in the trace measures.
     clocks: dict[str, str] = field(default_factory=dict)
+    # For the steps timed by another clock than the agent's (its root span's): when each started
+    # by the agent's clock, as far as the trace shows, by span id: after ``lo`` and before ``hi``
+    # (None: any time after), both excluded. ``lo`` is the start of the agent's span the call came
+    # from (what a remote span does, that span caused), ``hi`` its end when every hop on the way is
+    # a call the caller waited for (a CLIENT span over a SERVER span). (0, None) when no span of the
+    # agent's is found above the step. Empty when one clock timed every step.
+    start_bounds: dict[str, tuple[int, int | None]] = field(default_factory=dict)
 
     def __init__(
         self, key: str, trace_ids: list[str], steps: list[Step], complete: bool = True,
         incomplete_reason: str | None = None, root_span_id: str | None = None, service: str | None = None,
         agent: str | None = None, session_id: str | None = None, start_ns: int = 0, end_ns: int = 0,
         span_count: int = 0, attributes: dict[str, Any] | None = None, problems: list[str] | None = None,
-        clocks: dict[str, str] | None = None,
+        clocks: dict[str, str] | None = None, start_bounds: dict[str, tuple[int, int | None]] | None = None,
     ) -> None:  # fmt: skip
         self.key = key
         self.trace_ids = trace_ids
@@ -289,6 +300,7 @@ class Trajectory:
         self.attributes = {} if attributes is None else attributes
         self.problems = [] if problems is None else problems
         self.clocks = {} if clocks is None else clocks
+        self.start_bounds = {} if start_bounds is None else start_bounds
 
     @property
     def trace_id(self) -> str:

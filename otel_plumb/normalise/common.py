@@ -124,6 +124,7 @@ def base(span: SpanRecord, shape: Shape) -> NormalisedSpan:
         name,
         "unknown",
         attributes=short_attributes(span, shape),
+        span_kind=span.kind,
     )
 
 
