@@ -266,3 +266,29 @@ def test_a_captured_sub_agent_in_another_process(tmp_path: Path, skew_s: float) 
         assert got.verdict == verdict, (invariant, got.message)
     steps = [s.name for s in trajectory.steps if s.kind == "tool"]
     assert steps == ["lookup_invoice", "send_payment", "send_payment", "notify_customer"]
+
+
+def test_the_traces_of_a_session_served_by_two_hosts_keep_their_order() -> None:
+    """A conversation whose turns two replicas served (a trace each, on hosts of their own):
+    nothing in the traces bounds one's times by the other's clock, and the turns are in the
+    order they started, as on one host: the lookup of the first turn precedes the payment of
+    the second, and an order the first turn broke still fails."""
+
+    def turn(trace: str, host: str, start: int, tool: str) -> list[NormalisedSpan]:
+        resource = {"service.name": "billing-agent", "host.name": host}
+        agent = NormalisedSpan(trace_id=trace, span_id=f"{trace}-a", parent_span_id=None, span_name="agent",
+                               start_ns=start, end_ns=start + 100, kind="agent", name="billing",
+                               convention="test", attributes=resource, session_id="conv-1")  # fmt: skip
+        call = NormalisedSpan(trace_id=trace, span_id=f"{trace}-t", parent_span_id=agent.span_id, span_name=tool,
+                              start_ns=start + 10, end_ns=start + 90, kind="tool", name=tool, convention="test",
+                              attributes=resource, session_id="conv-1")  # fmt: skip
+        return [agent, call]
+
+    spans = turn("t1", "replica-a", 1_000, "lookup") + turn("t2", "replica-b", 5_000, "pay")
+    t = build_trajectory("conv-1", spans, session_id="conv-1")
+    assert len(set(t.clocks.values())) == 2 and not t.start_bounds
+    verdicts = {v.invariant: v.verdict for v in ORDER_POLICY.evaluate(t)}
+    assert verdicts["lookup-first"] == "pass" and verdicts["first-call-is-lookup"] == "pass"
+    spans = turn("t1", "replica-a", 1_000, "pay") + turn("t2", "replica-b", 5_000, "lookup")
+    verdicts = {v.invariant: v.verdict for v in ORDER_POLICY.evaluate(build_trajectory("c", spans, session_id="c"))}
+    assert verdicts["lookup-first"] == "fail" and verdicts["first-call-is-lookup"] == "fail"

@@ -191,3 +191,39 @@ def test_a_second_instrumentation_recording_every_call_again_changes_no_verdict(
             assert [(twice[i].invariant, twice[i].verdict) for i in counted] == [
                 (single[i].invariant, single[i].verdict) for i in counted
             ], p.name
+
+
+WRAPPED_POLICY = _load("policy: wrapped\ninvariants:\n  - {id: lookup-first, precedes: {first: lookup, then: pay}}\n")
+
+
+def test_a_call_under_a_client_span_waits_for_its_turn_not_for_that_span() -> None:
+    """A tool that runs in another service: the agent's HTTP client span around it ends with
+    that one call. The model asked for a payment and a lookup in one turn; the lookup started
+    as early (the clocks tie: a depth puts it first) and runs longer, so it arrives after the
+    client span. The payment's precedes failure waits for the turn to be over (the agent's next
+    model call), by when the lookup is in: nothing is reported, as the final verdict passes."""
+
+    def span(span_id: str, parent: str | None, start: int, end: int, kind: str, name: str,
+             **kw: Any) -> NormalisedSpan:  # fmt: skip
+        return NormalisedSpan(trace_id="t", span_id=span_id, parent_span_id=parent, span_name=name, start_ns=start,
+                              end_ns=end, kind=kind, name=name, convention="test", **kw)  # fmt: skip
+
+    asked = tuple(RequestedCall(n, {"x": 1}, "captured", i) for n, i in (("pay", "c1"), ("lookup", "c2")))
+    spans = [
+        span("agent", None, 0, 20_000, "agent", "agent"),
+        span("chat1", "agent", 1_000, 4_000, "llm", "chat", requested_calls=asked),
+        span("client", "agent", 5_999, 7_001, "other", "POST /tools"),
+        span("pay", "client", 6_000, 7_000, "tool", "pay"),
+        span("lookup", "agent", 6_000, 8_000, "tool", "lookup"),
+        span("chat2", "agent", 10_000, 13_000, "llm", "chat"),
+    ]
+    ordered = sorted(spans, key=lambda s: s.end_ns)
+    for cuts in ([1, 2, 3], [2, 3], [1, 2, 3, 4]):
+        reported, fails = early_and_final([WRAPPED_POLICY], EarlyWatch([WRAPPED_POLICY]), ordered, cuts)
+        assert reported == set() and fails == set(), cuts
+    # Under the agent itself, the payment's failure stands once the agent's next model call is in.
+    spans[3] = span("pay", "agent", 6_000, 7_000, "tool", "pay")
+    spans[4] = span("lookup", "agent", 8_000, 9_000, "tool", "lookup")
+    ordered = sorted(spans, key=lambda s: s.end_ns)
+    reported, fails = early_and_final([WRAPPED_POLICY], EarlyWatch([WRAPPED_POLICY]), ordered, [1, 2, 3, 4])
+    assert reported == fails == {("wrapped", "lookup-first")}

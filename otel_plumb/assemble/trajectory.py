@@ -188,7 +188,7 @@ def build_trajectory(
     clocks = _clocks(steps, by_id)
     start_bounds: dict[str, tuple[int, int | None]] = {}
     if clocks:
-        steps, start_bounds = _across_clocks(steps, by_id, clocks, root)
+        steps, start_bounds = _across_clocks(steps, by_id, clocks, [r for r in roots if r is not None])
     if llm_spans:
         _merge_nested_model_calls(steps)
     if len(tool_steps) > 1:
@@ -273,16 +273,17 @@ def _clock_of(attributes: dict[str, object]) -> str:
 
 
 def _across_clocks(
-    steps: list[Step], by_id: dict[str, NormalisedSpan], clocks: dict[str, str], root: NormalisedSpan | None
+    steps: list[Step], by_id: dict[str, NormalisedSpan], clocks: dict[str, str], roots: list[NormalisedSpan]
 ) -> tuple[list[Step], dict[str, tuple[int, int | None]]]:
-    """Steps timed by several clocks: when each step of another clock than the agent's (its root
-    span's, else its first step's) started by the agent's clock, as far as the trace shows
-    (``Trajectory.start_bounds``), and the steps in an order those bounds allow. Each clock's
-    steps keep their order; each other clock's are moved by the one shift closest to none that
-    puts them all within their bounds (none when their times are within them already: then the
-    order is left as it is) and merged with the agent's. The shift gives one order the trace
-    allows, not the skew: a check whose verdict turns on the order tries the others
-    (``check.checks.over_orders``)."""
+    """Steps timed by several clocks: when each step of another clock than its trace's agent's
+    (the trace's root span's, else its first step's) started by the agent's clock, as far as
+    the trace shows (``Trajectory.start_bounds``), and the steps in an order those bounds allow.
+    The steps of a trace timed by another clock keep their order and are moved by the one shift
+    closest to none that puts them all within their bounds (none when their times are within
+    them already: then the order is left as it is), and merged with the others. The shift gives
+    one order the trace allows, not the skew: a check whose verdict turns on the order tries
+    the others (``check.checks.over_orders``). (The traces of a session keep their order: by
+    their start times, which nothing in them bounds.)"""
     clock_of: dict[int, str] = {}  # by the resource attributes the spans of a process share
 
     def clock(span: NormalisedSpan) -> str:
@@ -291,32 +292,44 @@ def _across_clocks(
             found = clock_of[id(span.attributes)] = _clock_of(span.attributes)
         return found
 
-    own = clock(root) if root is not None else clocks[steps[0].span_id]
+    own = {r.trace_id: clock(r) for r in roots}
     bounds: dict[str, tuple[int, int | None]] = {}
-    by_clock: dict[str, list[Step]] = {}
+    agents: list[Step] = []  # the steps each timed by its trace's agent's clock
+    others: dict[tuple[str, str], list[Step]] = {}  # the others, by trace and clock
     for st in steps:
         at = clocks[st.span_id]
-        by_clock.setdefault(at, []).append(st)
-        if at != own and st.span_id not in bounds:
-            bounds[st.span_id] = _start_bound(by_id[st.span_id], by_id, own, clock)
+        if own.setdefault(st.trace_id, at) == at:
+            agents.append(st)
+            continue
+        others.setdefault((st.trace_id, at), []).append(st)
+        if st.span_id not in bounds:
+            bounds[st.span_id] = _start_bound(by_id[st.span_id], by_id, own[st.trace_id], clock)
     shifted = False
-    keyed: list[list[tuple[int, int, Step]]] = []
-    for rank, (at, on_clock) in enumerate(sorted(by_clock.items(), key=lambda c: c[0] != own)):
-        shift = 0 if at == own else _shift(on_clock, bounds)
-        keys: list[tuple[int, int, Step]] = []
-        last = 0
+    keyed = [_in_order([(st.start_ns, st) for st in agents], 0)]
+    for on_clock in others.values():
+        shift = _shift(on_clock, bounds)
+        keys: list[tuple[int, Step]] = []
         for st in on_clock:
+            lo, hi = bounds[st.span_id]
             key = st.start_ns + shift
-            if at != own:
-                lo, hi = bounds[st.span_id]
-                key = max(key, lo + 1) if hi is None else min(max(key, lo + 1), hi - 1)
-                shifted = shifted or key != st.start_ns
-            last = max(last, key)  # a clock's steps keep their order
-            keys.append((last, rank, st))
-        keyed.append(keys)
+            key = max(key, lo + 1) if hi is None else min(max(key, lo + 1), hi - 1)
+            shifted = shifted or key != st.start_ns
+            keys.append((key, st))
+        keyed.append(_in_order(keys, 1))
     if not shifted:
         return steps, bounds
     return [st for _, _, st in heapq.merge(*keyed, key=lambda k: (k[0], k[1]))], bounds
+
+
+def _in_order(keys: list[tuple[int, Step]], rank: int) -> list[tuple[int, int, Step]]:
+    """Merge keys that keep the steps' order (a clock's steps stay in their own order), ranked
+    after those of lower ``rank`` at the same time."""
+    out: list[tuple[int, int, Step]] = []
+    last = 0
+    for key, st in keys:
+        last = max(last, key)
+        out.append((last, rank, st))
+    return out
 
 
 def _start_bound(
@@ -951,8 +964,9 @@ def _order_parallel_calls(steps: list[Step], asking: list[NormalisedSpan], clock
     """Tool calls the model asked for in one turn run in the order it asked for them, whatever
     their start times say (they often start together, or in thread order): among their own
     places in the trajectory they are put in request order. ``asking``: the spans with requests.
-    A call timed by another clock than the model call's keeps its place: that place is only one
-    the trace allows (``_across_clocks``), and another call put there would take it for sure."""
+    Among the places of the calls timed by one clock, that is: a call timed by another clock
+    than the model call's has a place that is only one the trace allows (``_across_clocks``),
+    which a call of another clock put there would take for sure."""
     turn_of: dict[str, tuple[str, int]] = {}
     for s in asking:
         if len(s.requested_calls) > 1:
@@ -961,13 +975,11 @@ def _order_parallel_calls(steps: list[Step], asking: list[NormalisedSpan], clock
                     turn_of[call.tool_call_id] = (s.span_id, n)
     if not turn_of:
         return
-    turns: dict[str, list[tuple[int, int]]] = {}
+    turns: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for i, st in enumerate(steps):
         if st.kind == "tool" and st.source == "span" and st.tool_call_id in turn_of:
             turn, n = turn_of[st.tool_call_id]
-            if clocks and clocks.get(st.span_id) != clocks.get(turn):
-                continue
-            turns.setdefault(turn, []).append((n, i))
+            turns.setdefault((turn, clocks.get(st.span_id, "") if clocks else ""), []).append((n, i))
     for calls in turns.values():
         if len(calls) > 1:
             places = sorted(i for _, i in calls)

@@ -391,10 +391,11 @@ def start_bounds(t: Trajectory, s: Step) -> tuple[int, int | None]:
 
 def started_before(t: Trajectory, a: Step, b: Step) -> bool | None:
     """Whether ``a`` started before ``b`` (True), after it (False), or either may have come
-    first (None): steps of one clock by their order, of two clocks by ``start_bounds``."""
+    first (None): steps of one clock, or of two traces of a session, by their order; of two
+    clocks in one trace by ``start_bounds``."""
     clocks = t.clocks
-    if not t.start_bounds or clocks.get(a.span_id) == clocks.get(b.span_id):
-        return a.index < b.index
+    if not t.start_bounds or clocks.get(a.span_id) == clocks.get(b.span_id) or a.trace_id != b.trace_id:
+        return a.index < b.index  # (the traces of a session are in the order they started)
     lo_a, hi_a = start_bounds(t, a)
     lo_b, hi_b = start_bounds(t, b)
     if hi_a is not None and hi_a <= lo_b:
@@ -406,7 +407,8 @@ def started_before(t: Trajectory, a: Step, b: Step) -> bool | None:
 
 def loose_steps(t: Trajectory, steps: Sequence[Step]) -> list[Step]:
     """Those of ``steps`` timed by one clock whose start the trace cannot place against another
-    of ``steps`` timed by another, in step order; stops past MAX_LOOSE_STEPS. A sweep over
+    of ``steps`` of its trace timed by another (``started_before``), in step order; stops past
+    MAX_LOOSE_STEPS. A sweep over
     the start bounds: O(steps log steps) plus the overlaps."""
     if not t.start_bounds:
         return []
@@ -417,7 +419,10 @@ def loose_steps(t: Trajectory, steps: Sequence[Step]) -> list[Step]:
         open_bounds = [b for b in open_bounds if b[1] is None or b[1] > lo]
         clock = clocks.get(s.span_id)
         for other_lo, _, other in open_bounds:
-            if clocks.get(other.span_id) != clock and not (hi is not None and hi <= other_lo):
+            if (
+                clocks.get(other.span_id) != clock and other.trace_id == s.trace_id
+                and not (hi is not None and hi <= other_lo)
+            ):  # fmt: skip
                 loose[id(other)], loose[id(s)] = other, s
         if hi is None or hi > lo:
             open_bounds.append((lo, hi, s))

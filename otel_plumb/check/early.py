@@ -425,10 +425,12 @@ class EarlyWatch:
         now. Its ``applies_to`` globs must hold whatever the root (``Glob.matches_in_flight``). For
         ``precedes``, a ``first`` call started before the failing ``then`` call but running
         beside it (a turn of parallel calls) ends later, so it arrives later: the failure
-        stands once the ``then`` call's turn is over, that is once its parent span has arrived
-        (the parent ends after all its children) or a model call under the same parent started
-        after it ended (an agent asks the model again once its calls have returned). O(steps),
-        for a failure found."""
+        stands once the ``then`` call's turn is over, that is once the span its turn runs under
+        has arrived (it ends after all its children) or a model call under that span started
+        after the call ended (an agent asks the model again once its calls have returned). That
+        span is the nearest above the call that model calls run under (a span between, as an
+        HTTP client span around a remote tool's, ends with that one call), else its parent if
+        that is an agent's; until it is known, the failure waits. O(steps), for a failure found."""
         rule = self._by_key.get((verdict.policy, verdict.invariant))
         if rule is None:
             return True  # no rule of these policies: nothing known against it
@@ -439,13 +441,32 @@ class EarlyWatch:
         call = next((st for st in partial.steps if st.span_id == verdict.span_id and st.source == "span"), None)
         if call is None:
             return False
-        parent = call.parent_span_id
+        turn = _turn_span(call, partial.steps)
+        if turn is None:
+            return False
         for st in partial.steps:
-            if st.span_id == parent or (
-                st.kind == "llm" and st.parent_span_id == parent and st.start_ns >= call.end_ns
-            ):
+            if st.span_id == turn or (st.kind == "llm" and st.parent_span_id == turn and st.start_ns >= call.end_ns):
                 return True
         return False
+
+
+def _turn_span(call: Step, steps: list[Step]) -> str | None:
+    """The id of the span ``call``'s turn runs under (see ``EarlyWatch.stands``), or None while
+    the spans above it that would say have not arrived."""
+    asking = {st.parent_span_id for st in steps if st.kind == "llm"}
+    by_id = {st.span_id: st for st in steps if st.source == "span"}
+    span_id = call.parent_span_id
+    for _ in range(len(steps)):
+        if span_id is None:
+            break
+        if span_id in asking:
+            return span_id
+        above = by_id.get(span_id)
+        if above is None:
+            break
+        span_id = above.parent_span_id
+    parent = by_id.get(call.parent_span_id or "")
+    return parent.span_id if parent is not None and parent.kind == "agent" else None
 
 
 def in_flight(partial: Trajectory) -> Trajectory:
