@@ -198,3 +198,65 @@ def test_live_any_split_order_and_resend_gives_the_clean_outcome(
     assert len(decided) == 1, "a resend after the decision is not a second trajectory"
     assert outcome(decided[0]) == CLEAN[scenario]
     assert dropped["duplicate"] == sum(len(c) for c in before) + sum(len(c) for c in after) - len(items)
+
+
+def _in_session(items: list[Item], session: str) -> list[Item]:
+    """The spans as parts of conversation ``session`` (``gen_ai.conversation.id``: pydantic-ai
+    gives each run one of its own)."""
+    out: list[Item] = []
+    for rs, ss, span in items:
+        copy = Span()
+        copy.CopyFrom(span)
+        kept = [a for a in copy.attributes if a.key != "gen_ai.conversation.id"]
+        del copy.attributes[:]
+        copy.attributes.extend(kept)
+        copy.attributes.add(key="gen_ai.conversation.id").value.string_value = session
+        out.append((rs, ss, copy))
+    return out
+
+
+SESSION = ("clean", "double_payment")  # two runs of one conversation
+SESSION_ITEMS = [item for s in SESSION for item in _in_session(spans_of(fixture_requests(s)), "conv-1")]
+
+
+def _session_outcome(chunks: list[list[int]], gaps: list[float]) -> tuple[Any, ...]:
+    """The session's outcome when ``chunks`` of SESSION_ITEMS arrive ``gaps`` seconds apart
+    (idle_timeout 1 s: a trace whose next spans come later than that has gone idle)."""
+    intake = Intake(AssemblyLimits(group_by="session", idle_timeout_s=1, session_idle_timeout_s=60, max_wait_s=1e9))
+    finished = []
+    now = 0.0
+    for chunk, gap in zip(chunks, gaps, strict=True):
+        now += gap
+        finished += intake.due(now)
+        for record in request_records(request_of([SESSION_ITEMS[i] for i in chunk])):
+            intake.add(record, None, now)
+    finished += intake.due(now + 100)  # the traces go idle,
+    finished += intake.due(now + 1000)  # then the session
+    assert len(finished) == 1 and intake.counts.late == 0
+    return outcome(decide([POLICY], intake.trajectory(finished[0])))
+
+
+CLEAN_SESSION = _session_outcome([list(range(len(SESSION_ITEMS)))], [0.0])
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_session_takes_a_span_that_comes_after_its_trace_went_idle(data: st.DataObject) -> None:
+    """With ``group_by: session``, a trace that went idle waits in its session, still open: a
+    span of it that comes later (a tool that ran longer than idle_timeout, a batch resent late)
+    is in the session's verdict, as in one delivery of every span."""
+    n = len(SESSION_ITEMS)
+    order = data.draw(st.permutations(range(n)))
+    cuts = sorted(data.draw(st.sets(st.integers(1, n - 1), max_size=n - 1)))
+    chunks = [list(order[a:b]) for a, b in zip([0, *cuts], [*cuts, n], strict=True)]
+    gaps = data.draw(st.lists(st.sampled_from([0.1, 5.0]), min_size=len(chunks), max_size=len(chunks)))
+    assert _session_outcome(chunks, gaps) == CLEAN_SESSION
+
+
+def test_the_clean_session_is_both_runs() -> None:
+    status, complete, _, steps, verdicts = CLEAN_SESSION
+    assert status == "violating" and complete  # the second run paid twice
+    payments = [s for s in steps if s[2] == "schedule_payment"]
+    assert len(payments) == 3
+    # Only paying more than once fails, counted over the conversation: at its second payment.
+    assert [(v[0], v[2], v[3]) for v in verdicts if v[1] == "fail"] == [("pay-once", payments[1][0], payments[1][3])]

@@ -99,3 +99,53 @@ async def test_run_without_a_policy_reports_unchecked_never_conformant(tmp_path:
     assert {r["status"] for r in log} == {"unchecked"}
     roots = [s for s in backend.spans() if not s.parent_span_id]
     assert {attribute(r, "plumb.verdict") for r in roots} == {"unchecked"}
+
+
+def _in_conversation(spans: list[ReadableSpan], conversation: str) -> list[ReadableSpan]:
+    """The spans as a part of one conversation (``gen_ai.conversation.id`` on each)."""
+    return [_with_attribute(s, "gen_ai.conversation.id", conversation) for s in spans]
+
+
+def _with_attribute(s: ReadableSpan, key: str, value: str) -> ReadableSpan:
+    return ReadableSpan(
+        name=s.name, context=s.context, parent=s.parent, resource=s.resource, kind=s.kind, status=s.status,
+        attributes={**(s.attributes or {}), key: value}, events=s.events, links=s.links, start_time=s.start_time,
+        end_time=s.end_time, instrumentation_scope=s.instrumentation_scope,
+    )  # fmt: skip
+
+
+async def test_a_span_that_comes_after_its_trace_went_idle_is_in_the_sessions_verdict(tmp_path: Path) -> None:
+    """``group_by: session``: the run that pays twice (INV-1003) sends its second payment's span
+    after the rest of the trace went idle (a tool that ran longer than idle_timeout). The session
+    is still open: the span is taken in, and the session pays twice, as in one delivery."""
+    backend = OtlpBackend()
+    await backend.start(0)
+    processor = Processor(config(tmp_path, backend.endpoint, policies=[str(policy_path())],
+                                 assembly={"group_by": "session", "session_idle_timeout": 1.5}))  # fmt: skip
+    decided: list[Decided] = []
+    processor.on_decided(decided.append)
+    await processor.start()
+    spans = await asyncio.to_thread(_agent_spans)
+    try:
+        assert processor.grpc_port and processor.metrics_port
+        trace = next(s.context.trace_id for s in spans if (s.attributes or {}).get("invoice.id") == "INV-1003")
+        run = _in_conversation([s for s in spans if s.context.trace_id == trace], "conv-1003")
+        late = sorted((s for s in run if s.name == "execute_tool schedule_payment"), key=lambda s: s.start_time)[-1]
+        exporter = GrpcSpanExporter(endpoint=f"127.0.0.1:{processor.grpc_port}", insecure=True)
+        sent = await asyncio.to_thread(exporter.export, [s for s in run if s is not late])
+        assert sent is SpanExportResult.SUCCESS
+        await wait_until(lambda: processor.intake.traces_in_flight == 0, 10, "the trace gone idle, into its session")
+        assert await asyncio.to_thread(exporter.export, [late]) is SpanExportResult.SUCCESS
+        exporter.shutdown()
+        await wait_until(lambda: len(decided) >= 1, 15, "the session decided")
+        await wait_until(lambda: backend.span_count >= len(run), 15, "every span exported")
+        text = await asyncio.to_thread(scrape, processor.metrics_port)
+    finally:
+        await processor.stop()
+        await backend.stop()
+    (session,) = decided
+    assert session.status == "violating"
+    assert [v.invariant for v in session.verdicts if v.verdict == "fail"] == ["pay-once"]
+    assert late.context.span_id.to_bytes(8, "big").hex() in {s.span_id for s in session.trajectory.tool_steps}
+    assert metric(text, "plumb_spans_unchecked_total") == 0
+    assert Counter(s.span_id for s in backend.spans()).most_common(1)[0][1] == 1

@@ -232,12 +232,14 @@ class Tombstone:
 
 
 class _DecidedTrace:
-    __slots__ = ("at", "fingerprints", "tombstone")
+    # ``session``: the session (with ``group_by: session``) still open that holds the trace.
+    __slots__ = ("at", "fingerprints", "session", "tombstone")
 
     def __init__(self, at: float, fingerprints: dict[str, int], tombstone: Tombstone | None = None) -> None:
         self.at = at
         self.fingerprints = fingerprints
         self.tombstone = tombstone
+        self.session: str | None = None
 
     @property
     def weight(self) -> int:
@@ -415,6 +417,8 @@ class Assembler:
         """``add`` for a span whose ``seen`` was asked just before (``already``), with nothing
         added in between: the intake asks before normalising, and is not asked twice."""
         tid = span.trace_id
+        if already is AddOutcome.LATE and self._reopened(tid, now):
+            already = None
         if already is not None:
             if already is AddOutcome.LATE:
                 # Remembered, so that a resend of it is a duplicate, not forwarded again.
@@ -575,6 +579,7 @@ class Assembler:
             if session is None:
                 session = self._sessions[buf.session_id] = _SessionBuffer(now)
             session.parts.append(done)
+            entry.session = buf.session_id
             session.last_seen = now
             self._sessions.move_to_end(buf.session_id)
             return []  # its bytes stay held until the session is let go
@@ -590,25 +595,50 @@ class Assembler:
         later, and not taken back a second time.
         Only for traces (not sessions), once each; False (and nothing taken back) when it is
         not one of those, or no longer remembered among the decided (its span ids are needed)."""
-        tid = done.key
-        decided = self._decided.get(tid)
+        decided = self._decided.get(done.key)
         if done.waited or not done.complete or self.limits.group_by != "trace" or decided is None:
             return False
+        buf = self._take_back(done, decided, now)
+        buf.has_root = True
+        buf.wait_until = now + self.limits.confirm_wait_s
+        self._hold(buf)
+        self.bytes_buffered += buf.size
+        return True
+
+    def _reopened(self, tid: str, now: float) -> bool:
+        """A span came for trace ``tid`` after it went idle (a tool that ran longer than
+        idle_timeout, a batch resent late): if the trace is held by a session still open, it is
+        taken back from it, in flight again, so that the span is in the session's verdict as in
+        one delivery of them all. False (nothing done) for a trace that is not."""
+        decided = self._decided[tid]
+        session = self._sessions.get(decided.session) if decided.session is not None else None
+        if session is None or decided.session is None:
+            return False
+        part = next(p for p in session.parts if p.key == tid)
+        session.parts.remove(part)
+        if not session.parts:
+            del self._sessions[decided.session]
+        self._by_activity[tid] = None
+        self._take_back(part, decided, now)  # its bytes are counted: a session's stay held
+        return True
+
+    def _take_back(self, done: Finished, decided: _DecidedTrace, now: float) -> _TraceBuffer:
+        """Trace ``done`` in flight again, as it was let go."""
+        tid = done.key
         del self._decided[tid]
         self._decided_spans -= decided.weight
         service = done.spans[0].attributes.get("service.name") if done.spans else None
         buf = self._traces[tid] = _TraceBuffer(tid, done.first_seen, "" if service is None else str(service))
-        buf.last_seen, buf.has_root, buf.session_id = now, True, done.session_id
+        buf.last_seen, buf.session_id = now, done.session_id
         buf.last_span_at = done.last_span_at  # taken back, not a span
         buf.spans, buf.payloads, buf.fingerprints, buf.size = done.spans, done.payloads, decided.fingerprints, done.size
         for span in buf.spans:
             buf.took(span)
-        buf.wait_until = now + self.limits.confirm_wait_s
-        self._hold(buf)
+            if span.parent_span_id is None:
+                buf.has_root = True
         self._services.add(buf.service, tid)
         self.spans_buffered += len(buf.spans)
-        self.bytes_buffered += buf.size
-        return True
+        return buf
 
     def _hold(self, buf: _TraceBuffer) -> None:
         assert buf.wait_until is not None
@@ -641,6 +671,10 @@ class Assembler:
 
     def _emit_session(self, key: str, now: float) -> Finished:
         parts = self._sessions.pop(key).parts
+        for p in parts:  # a span of theirs from now on is a late span
+            decided = self._decided.get(p.key)
+            if decided is not None:
+                decided.session = None
         incomplete = [p for p in parts if not p.complete]
         size = sum(p.size for p in parts)
         self.bytes_buffered -= size
