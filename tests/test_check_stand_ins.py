@@ -240,3 +240,30 @@ def test_cel_reading_redacted_context_is_indeterminate(tmp_path: Path, check: st
     # Context read whole: any stand-in in it may be what is read.
     whole = "{id: w, expr: \"size(ctx) > 0 && ctx.exists(k, ctx[k] == 'x')\"}"
     assert one(tmp_path, whole, _with_context(paid, other="***")).verdict == "indeterminate"
+
+
+@pytest.mark.parametrize(
+    ("expr", "verdict", "today"),
+    [
+        ("steps[0] != steps[1]", "pass", "fail"),  # two steps, whose maps held no field at all
+        ("steps[0] == steps[1]", "fail", "pass"),
+        ("steps.filter(s, s.name == 'pay')[0] == steps.filter(s, s.name == 'pay')[1]", "fail", "pass"),
+        ("steps.exists(s, s != steps[0] && s.name == 'pay')", "pass", "fail"),
+        ("steps.filter(s, s.name == 'pay') == []", "fail", "fail"),
+        ("steps.map(s, s).exists(s, s == steps[2])", "pass", "pass"),
+    ],
+)
+def test_step_maps_compared_whole_hold_every_field(tmp_path: Path, expr: str, verdict: str, today: str) -> None:
+    """A step map compared whole is the whole step: the maps of two different calls of one
+    tool with the same arguments differ (their index, span, times), where maps of only the fields
+    an expression names (none here) compared equal (``today``: the verdict that gave)."""
+    t = trajectory(step("pay", args={"id": "INV-1"}), step("pay", args={"id": "INV-1"}), "log")
+    assert one(tmp_path, expr_invariant(expr), t).verdict == verdict, today
+
+
+def test_a_step_map_compared_whole_reads_its_redacted_values(tmp_path: Path) -> None:
+    """Its arguments and result are in it: a stand-in there is read, whatever the expression names."""
+    t = trajectory(step("pay", args={"id": PLACEHOLDER}), step("pay", args={"id": "INV-1"}))
+    v = one(tmp_path, expr_invariant("steps[0] != steps[1]"), t)
+    assert v.verdict == "indeterminate"
+    assert v.message == "pay at step 0: args.id is a redaction placeholder, which steps[0] != steps[1] reads"

@@ -202,7 +202,7 @@ class Run:
             found = self.stand_in_in_steps(expression, steps)
             if found is not None:
                 return found
-            if "error" in expression.words:
+            if "error" in step_fields(expression):
                 unsure = self.first_unsure_call(steps)
                 if unsure is not None:
                     return unsure, f"the error is unknown: {unsure_text(self, unsure)}"
@@ -247,7 +247,7 @@ class Run:
         if "ctx" in names:
             act["ctx"] = self.ctx
         if "steps" in names:
-            act["steps"] = self.cel_steps(steps, expression.words)
+            act["steps"] = self.cel_steps(steps, step_fields(expression))
         if "trajectory" in names:
             act["trajectory"] = self.cel_trajectory(expression.words)
         return act
@@ -280,7 +280,16 @@ TRAJECTORY_FIELDS: Final[dict[str, Callable[[Trajectory, Run], Any]]] = {
 }
 
 
-def cel_step(s: Step, fields: frozenset[str] = frozenset(STEP_FIELDS)) -> dict[str, Any]:
+ALL_STEP_FIELDS: Final = frozenset(STEP_FIELDS)
+
+
+def step_fields(expression: Expression) -> frozenset[str]:
+    """The fields of the step maps ``expression`` is given: those it names, or every one when it
+    may read a map whole (``Expression.maps_whole``: ``steps[0] == steps[1]`` compares them all)."""
+    return ALL_STEP_FIELDS if expression.maps_whole else expression.words
+
+
+def cel_step(s: Step, fields: frozenset[str] = ALL_STEP_FIELDS) -> dict[str, Any]:
     return {k: get(s) for k, get in _step_getters(fields)}
 
 
@@ -773,7 +782,7 @@ class ArgSatisfies(ArgumentCheck):
             return Outcome("indeterminate", step, f"{hidden[1]}, which {self.expression.source} reads")
         act = run.activation(
             self.expression, run.steps, args=step.args, result=step.result,
-            step=cel_step(step, self.expression.words) if "step" in names else None,
+            step=cel_step(step, step_fields(self.expression)) if "step" in names else None,
         )  # fmt: skip
         try:
             ok = self.expression.test(act, run.budget)
@@ -989,7 +998,7 @@ class Expr(Check):
         """The expression on ``steps``; in another order than step order (``over_orders``), a
         step's ``index`` is its place in it."""
         act = run.activation(self.expression, steps)
-        if "steps" in act and "index" in self.expression.words:
+        if "steps" in act and "index" in step_fields(self.expression):
             indices = sorted(s.index for s in steps)
             if any(s.index != i for s, i in zip(steps, indices, strict=True)):
                 act["steps"] = [{**m, "index": i} for m, i in zip(act["steps"], indices, strict=True)]

@@ -58,9 +58,6 @@ _WORD: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # whole value, so a stand-in anywhere in it may be read whatever its key. Matched over the raw
 # source: the word inside a string literal counts too, which errs towards reading.
 _WHOLE_READ: Final = re.compile(r"\b(args|result|ctx)\b(?!\s*\.\s*[A-Za-z_][A-Za-z0-9_]*\b(?!\s*\())")
-# A comprehension's variable where it is declared, and ``size(x)``: neither reads x's values.
-_DECLARED: Final = re.compile(r"(\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*)[A-Za-z_][A-Za-z0-9_]*(?=\s*,)")
-_SIZE_OF: Final = re.compile(r"\bsize\s*\(\s*[A-Za-z_][A-Za-z0-9_]*\s*\)")
 VALUE_ROOTS: Final = frozenset({"args", "result"})
 
 # Limits on what one expression may cost. The binding has no cost or time limit of its own and
@@ -108,8 +105,9 @@ class Comprehension:
     sized: tuple[int, int] | None = None
 
 
-def comprehensions(source: str) -> list[Comprehension]:
-    """The comprehension tree of a CEL expression, read from its tokens."""
+def _tokens(source: str) -> tuple[list[tuple[str, str, int]], dict[int, int]]:
+    """The tokens of a CEL expression (kind, text, offset; no spaces or comments), and for each
+    closing bracket the index of its opening one."""
     tokens: list[tuple[str, str, int]] = []
     for m in _TOKEN.finditer(source):
         kind = m.lastgroup or "punct"
@@ -124,6 +122,12 @@ def comprehensions(source: str) -> list[Comprehension]:
             stack.append(i)
         elif text in _CLOSE and stack and tokens[stack[-1]][1] == _CLOSE[text]:
             match[i] = stack.pop()
+    return tokens, match
+
+
+def comprehensions(source: str) -> list[Comprehension]:
+    """The comprehension tree of a CEL expression, read from its tokens."""
+    tokens, match = _tokens(source)
     top: list[Comprehension] = []
     # Open parentheses: (index of the closing token, the comprehension it opened or None, its variable)
     frames: list[tuple[int, Comprehension | None, str | None]] = []
@@ -313,8 +317,8 @@ class Expression:
     """One compiled expression and the variables it reads, so callers build only those."""
 
     __slots__ = (
-        "_native", "_native_ids", "_rest", "_rest_reads", "comprehensions", "program", "source", "value_roots",
-        "variables", "whole_roots", "words",
+        "_native", "_native_ids", "_rest", "_rest_reads", "comprehensions", "maps_whole", "program", "source",
+        "value_roots", "variables", "whole_roots", "words",
     )  # fmt: skip
 
     def __init__(self, source: str, allowed: Collection[str]) -> None:
@@ -355,9 +359,12 @@ class Expression:
         self._rest_reads = frozenset(self._rest.variables()) if self._rest is not None else frozenset[str]()
         # Where a stand-in may hide that it reads (see the module docstring): none of it, on the
         # hot path of an expression over the steps that names neither.
-        self.value_roots = VALUE_ROOTS & self.words
+        self.maps_whole = bool({"step", "steps"} & self.variables) and _reads_step_maps_whole(
+            source, self.comprehensions
+        )
+        self.value_roots = VALUE_ROOTS if self.maps_whole else VALUE_ROOTS & self.words
         reads_values = self.value_roots or "ctx" in self.variables
-        self.whole_roots = _whole_roots(source, self.comprehensions) if reads_values else frozenset[str]()
+        self.whole_roots = _whole_roots(source, self.maps_whole) if reads_values else frozenset[str]()
 
     def cost(self, activation: dict[str, Any], budget: CostBudget) -> tuple[int, int, int]:
         """Estimated cost of one evaluation on ``activation``: (total, values converted,
@@ -449,26 +456,58 @@ class Expression:
         return value
 
 
-def _whole_roots(source: str, nodes: list[Comprehension]) -> frozenset[str]:
-    """Which of ``args``, ``result`` and ``ctx`` ``source`` may read whole (see ``_WHOLE_READ``). A step
-    map read whole (``string(step)``, ``s == t``, ``steps.map(s, s)``: ``step``, ``steps`` or a
-    variable ranging over the steps, other than by ``.``, ``[...]`` or ``size(...)``) holds both.
-    A cheap over-estimate, not a parse: a step map reached otherwise and compared whole
-    (``steps[0] == steps[1]``, ``steps.filter(...) == []``) is missed."""
+def _whole_roots(source: str, maps_whole: bool) -> frozenset[str]:
+    """Which of ``args``, ``result`` and ``ctx`` ``source`` may read whole (see ``_WHOLE_READ``);
+    a step map read whole (``maps_whole``, see ``_reads_step_maps_whole``) holds both."""
     whole = {m.group(1) for m in _WHOLE_READ.finditer(source)}
+    return frozenset(whole | VALUE_ROOTS if maps_whole else whole)
+
+
+def _reads_step_maps_whole(source: str, nodes: list[Comprehension]) -> bool:
+    """Whether ``source`` may read a step map whole, not only field by field: ``string(step)``,
+    ``s == t``, ``steps[0] == steps[1]``, ``steps.filter(...) == []``, ``steps.map(s, s)``. Then
+    each map must hold every field (a map of the fields it names alone would compare equal to
+    another step's), and its values may hold stand-ins. Over the tokens: every ``step``,
+    ``steps`` or variable ranging over the steps is followed along its postfix chain (an index
+    into the list, ``filter`` of it) until a field is selected, a macro that gives no maps
+    (``all``, ``exists``, ``exists_one``, ``map``) is called or it is sized; any other end is a
+    whole read. An over-estimate, as a read of a field named like a macro counts too."""
     maps = {"step", "steps"}
     todo = list(nodes)
     while todo:
-        n = todo.pop()
-        todo.extend(n.children)
-        if n.root == "steps" and not n.bound:
-            declared = _MACRO_VARIABLE.match(source, n.start + len(n.range_text))
-            if declared is not None:
-                maps.add(declared.group(1))
-    code = _SIZE_OF.sub("0", _DECLARED.sub(r"\1", source))
-    if re.search(rf"(?<![.\w])(?:{'|'.join(sorted(maps))})\b(?!\s*[.\[])", code):
-        whole |= VALUE_ROOTS
-    return frozenset(whole)
+        node = todo.pop()
+        todo.extend(node.children)
+        if node.root == "steps" and not node.bound and node.var is not None:
+            maps.add(node.var)
+    tokens, match = _tokens(source)
+    closing = {v: k for k, v in match.items()}
+    n = len(tokens)
+    for i, (kind, text, _) in enumerate(tokens):
+        if kind != "ident" or text not in maps or (i and tokens[i - 1][1] == "."):
+            continue
+        declared = i + 1 == n or tokens[i + 1][1] == ","
+        if i >= 2 and tokens[i - 1][1] == "(" and tokens[i - 2][1] in _MACROS and declared:
+            continue  # where a comprehension declares it
+        is_list, j = text == "steps", i + 1
+        while True:
+            nxt = tokens[j][1] if j < n else ""
+            if nxt == "[" and j in closing:
+                if not is_list:
+                    break  # a field by its key
+                is_list, j = False, closing[j] + 1
+            elif nxt == "." and j + 1 < n and tokens[j + 1][0] == "ident":
+                name = tokens[j + 1][1]
+                if not is_list or name in ("all", "exists", "exists_one", "map", "size"):
+                    break  # a field, or no maps out
+                if name == "filter" and j + 2 < n and tokens[j + 2][1] == "(" and j + 2 in closing:
+                    j = closing[j + 2] + 1
+                    continue
+                return True  # another method of the list
+            else:
+                if _sized(tokens, match, i, j - 1) is None:
+                    return True
+                break
+    return False
 
 
 @dataclass(frozen=True, slots=True)
