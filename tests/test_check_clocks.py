@@ -75,12 +75,15 @@ def test_a_skewed_clock_never_makes_a_duration_verdict_the_unskewed_run_would_no
     spans: list[NormalisedSpan], picks: list[bool], skew_ns: int
 ) -> None:
     spans = [s for s in spans if s.convention != "test2"]  # a second instrumentation: on the first's host
-    # Which turn a tool span ran in is read from times too: hidden requests are left out here.
-    assume(not any(s.hidden_tool_calls for s in spans))
     true = _verdicts(_on_hosts(spans, set(), 0))
     remote = _served_remotely(spans, picks)
-    # Without skew: the agent's own span covers the run, so its clock alone says as much.
-    assert _verdicts(_on_hosts(spans, remote, 0)) == true
+    # Without skew: the agent's own span covers the run, so its clock alone says as much. (But
+    # for a request whose tool names content capture hid: a tool span of another process,
+    # whose start its own clock gives, answers it only if the trace bounds that start within
+    # the request's turn, which these spans, not called by a CLIENT span, do not.)
+    unskewed = _verdicts(_on_hosts(spans, remote, 0))
+    if not any(s.hidden_tool_calls for s in spans):
+        assert unskewed == true
     skewed = _verdicts(_on_hosts(spans, remote, skew_ns))
     for was, now in zip(true, skewed, strict=True):
         assert now in (was, "indeterminate"), (was, now)
@@ -212,7 +215,6 @@ def test_a_skewed_clock_never_makes_an_order_verdict_the_unskewed_run_would_not_
     """``waited``: the agent calls the other process and waits for the answer (CLIENT over
     SERVER); else the remote spans hang under the agent's own, as a message's consumer does."""
     spans = _ids_for_all_or_none(spans)
-    assume(not any(s.hidden_tool_calls for s in spans))
     if waited:
         spans, remote = _called_remotely(spans, picks)
     else:

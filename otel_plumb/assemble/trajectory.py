@@ -160,13 +160,15 @@ def build_trajectory(
             depth = _depths(spans, by_id)
         requested.append(((s.end_ns, depth[s.span_id] + 1, n, s.span_id), step))
 
+    clocks = _clocks(steps, by_id)
+    start_bounds = _start_bounds(steps, by_id, clocks, [r for r in roots if r is not None]) if clocks else {}
     # First: a span cut may be why another is hidden or unrecognised (its problem line says which).
     if cut and complete:
         complete, incomplete_reason = False, ATTRIBUTES_DROPPED
     if hidden:
         if turns is None:
             turns = _Turns(spans, by_id)
-        uncovered = _uncovered_requests(hidden, tool_steps, spans, turns)
+        uncovered = _uncovered_requests(hidden, tool_steps, spans, turns, clocks, start_bounds)
         if uncovered:
             problems.extend(_hidden_calls_problems(uncovered))
             if complete:
@@ -185,10 +187,8 @@ def build_trajectory(
         drafts.sort(key=lambda d: d[0])
         steps = [step for _, step in drafts]
     # Before anything else reads the order: the places of parallel calls, which nested records merge.
-    clocks = _clocks(steps, by_id)
-    start_bounds: dict[str, tuple[int, int | None]] = {}
-    if clocks:
-        steps, start_bounds = _across_clocks(steps, by_id, clocks, [r for r in roots if r is not None])
+    if start_bounds:
+        steps = _across_clocks(steps, clocks, start_bounds)
     if llm_spans:
         _merge_nested_model_calls(steps)
     if len(tool_steps) > 1:
@@ -272,18 +272,13 @@ def _clock_of(attributes: dict[str, object]) -> str:
     return f"{service} (instance {instance})" if instance else str(service)
 
 
-def _across_clocks(
+def _start_bounds(
     steps: list[Step], by_id: dict[str, NormalisedSpan], clocks: dict[str, str], roots: list[NormalisedSpan]
-) -> tuple[list[Step], dict[str, tuple[int, int | None]]]:
-    """Steps timed by several clocks: when each step of another clock than its trace's agent's
-    (the trace's root span's, else its first step's) started by the agent's clock, as far as
-    the trace shows (``Trajectory.start_bounds``), and the steps in an order those bounds allow.
-    The steps of a trace timed by another clock keep their order and are moved by the one shift
-    closest to none that puts them all within their bounds (none when their times are within
-    them already: then the order is left as it is), and merged with the others. The shift gives
-    one order the trace allows, not the skew: a check whose verdict turns on the order tries
-    the others (``check.checks.over_orders``). (The traces of a session keep their order: by
-    their start times, which nothing in them bounds.)"""
+) -> dict[str, tuple[int, int | None]]:
+    """For the steps timed by another clock than their trace's agent's (the trace's root
+    span's, else its first step's): when each started by the agent's clock, as far as the trace
+    shows (``Trajectory.start_bounds``, ``_start_bound``), by span id. (The traces of a session
+    are not bounded by one another: each by its own agent's clock.)"""
     clock_of: dict[int, str] = {}  # by the resource attributes the spans of a process share
 
     def clock(span: NormalisedSpan) -> str:
@@ -294,16 +289,27 @@ def _across_clocks(
 
     own = {r.trace_id: clock(r) for r in roots}
     bounds: dict[str, tuple[int, int | None]] = {}
+    for st in steps:
+        at = clocks[st.span_id]
+        if own.setdefault(st.trace_id, at) != at and st.span_id not in bounds:
+            bounds[st.span_id] = _start_bound(by_id[st.span_id], by_id, own[st.trace_id], clock)
+    return bounds
+
+
+def _across_clocks(steps: list[Step], clocks: dict[str, str], bounds: dict[str, tuple[int, int | None]]) -> list[Step]:
+    """The steps in an order their ``bounds`` allow (``_start_bounds``: those of a step timed
+    by another clock than its trace's agent's). The steps of a trace timed by another clock
+    keep their order and are moved by the one shift closest to none that puts them all within
+    their bounds (none when their times are within them already: then the order is left as it
+    is), and merged with the others. The shift gives one order the trace allows, not the skew:
+    a check whose verdict turns on the order tries the others (``check.checks.over_orders``)."""
     agents: list[Step] = []  # the steps each timed by its trace's agent's clock
     others: dict[tuple[str, str], list[Step]] = {}  # the others, by trace and clock
     for st in steps:
-        at = clocks[st.span_id]
-        if own.setdefault(st.trace_id, at) == at:
+        if st.span_id in bounds:
+            others.setdefault((st.trace_id, clocks[st.span_id]), []).append(st)
+        else:
             agents.append(st)
-            continue
-        others.setdefault((st.trace_id, at), []).append(st)
-        if st.span_id not in bounds:
-            bounds[st.span_id] = _start_bound(by_id[st.span_id], by_id, own[st.trace_id], clock)
     shifted = False
     keyed = [_in_order([(st.start_ns, st) for st in agents], 0)]
     for on_clock in others.values():
@@ -317,8 +323,8 @@ def _across_clocks(
             keys.append((key, st))
         keyed.append(_in_order(keys, 1))
     if not shifted:
-        return steps, bounds
-    return [st for _, _, st in heapq.merge(*keyed, key=lambda k: (k[0], k[1]))], bounds
+        return steps
+    return [st for _, _, st in heapq.merge(*keyed, key=lambda k: (k[0], k[1]))]
 
 
 def _in_order(keys: list[tuple[int, Step]], rank: int) -> list[tuple[int, int, Step]]:
@@ -380,25 +386,35 @@ def _uncovered_requests(
     tool_steps: list[Step],
     spans: list[NormalisedSpan],
     turns: _Turns,
+    clocks: dict[str, str],
+    bounds: dict[str, tuple[int, int | None]],
 ) -> list[NormalisedSpan]:
     """The hidden requests nothing in the trace accounts for: no tool span of its trace starts
     in the request's turn (once it ended, before the next model call under the same parent:
     a tool span after that may answer the later request, and this one's calls, any tools, be
     lost), and the model call is not recorded a second time (a framework's span around the
-    client library's, parent or child) with the calls named."""
-    tool_starts: dict[str, list[int]] = {}
-    for step in tool_steps:  # in start order
-        tool_starts.setdefault(step.trace_id, []).append(step.start_ns)
+    client library's, parent or child) with the calls named. A tool span timed by another
+    clock than the request's counts only if its ``bounds`` put its start in the turn for sure."""
+    tool_starts: dict[tuple[str, str], list[int]] = {}  # by trace and clock
+    bounded: dict[str, list[tuple[int, int | None]]] = {}  # by trace: the bounds of those of other clocks
+    for step in tool_steps:  # in start order, on each clock
+        tool_starts.setdefault((step.trace_id, clocks.get(step.span_id, "")), []).append(step.start_ns)
+        b = bounds.get(step.span_id)
+        if b is not None:
+            bounded.setdefault(step.trace_id, []).append(b)
     late: list[NormalisedSpan] = []
     for s in hidden:
-        starts = tool_starts.get(s.trace_id)
-        i = bisect.bisect_left(starts, s.end_ns) if starts else 0
-        if not starts or i == len(starts):
-            late.append(s)
-            continue
         after = turns.next_model_call(s)
-        if after is not None and starts[i] >= after:
-            late.append(s)
+        starts = tool_starts.get((s.trace_id, clocks.get(s.span_id, "")))
+        i = bisect.bisect_left(starts, s.end_ns) if starts else 0
+        if starts and i < len(starts) and (after is None or starts[i] < after):
+            continue
+        if s.span_id not in bounds and any(
+            lo >= s.end_ns and (after is None or (hi is not None and hi <= after))
+            for lo, hi in bounded.get(s.trace_id, ())
+        ):  # fmt: skip
+            continue
+        late.append(s)
     if not late:
         return late
     named = {s.span_id for s in spans if s.kind == "llm" and s.requested_calls}
