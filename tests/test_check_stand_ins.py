@@ -267,3 +267,12 @@ def test_a_step_map_compared_whole_reads_its_redacted_values(tmp_path: Path) -> 
     v = one(tmp_path, expr_invariant("steps[0] != steps[1]"), t)
     assert v.verdict == "indeterminate"
     assert v.message == "pay at step 0: args.id is a redaction placeholder, which steps[0] != steps[1] reads"
+
+
+@pytest.mark.parametrize(("expr", "verdict"), [("trajectory != {}", "pass"), ("size(trajectory) > 3", "pass"),
+                                               ("trajectory.step_count == 2", "pass")])  # fmt: skip
+def test_the_trajectory_map_read_whole_holds_every_field(tmp_path: Path, expr: str, verdict: str) -> None:
+    """Read whole, the trajectory map is not the empty map of the fields an expression names
+    (``trajectory != {}`` and ``size(trajectory) > 3`` failed)."""
+    v = one(tmp_path, expr_invariant(expr), trajectory(step("pay", args={"id": "INV-1"}), "log"))
+    assert v.verdict == verdict, v.message

@@ -206,7 +206,7 @@ class Run:
                 unsure = self.first_unsure_call(steps)
                 if unsure is not None:
                     return unsure, f"the error is unknown: {unsure_text(self, unsure)}"
-        if "trajectory" in expression.variables and "duration_ms" in expression.words:
+        if "trajectory" in expression.variables and "duration_ms" in trajectory_fields(expression):
             skewed = _skewed_duration(self.trajectory)
             if skewed is not None:
                 return None, skewed
@@ -249,7 +249,7 @@ class Run:
         if "steps" in names:
             act["steps"] = self.cel_steps(steps, step_fields(expression))
         if "trajectory" in names:
-            act["trajectory"] = self.cel_trajectory(expression.words)
+            act["trajectory"] = self.cel_trajectory(trajectory_fields(expression))
         return act
 
 
@@ -287,6 +287,12 @@ def step_fields(expression: Expression) -> frozenset[str]:
     """The fields of the step maps ``expression`` is given: those it names, or every one when it
     may read a map whole (``Expression.maps_whole``: ``steps[0] == steps[1]`` compares them all)."""
     return ALL_STEP_FIELDS if expression.maps_whole else expression.words
+
+
+def trajectory_fields(expression: Expression) -> frozenset[str]:
+    """The fields of the trajectory map ``expression`` is given: those it names, or every one
+    when it reads the map whole (``Expression.trajectory_whole``)."""
+    return frozenset(TRAJECTORY_FIELDS) if expression.trajectory_whole else expression.words
 
 
 def cel_step(s: Step, fields: frozenset[str] = ALL_STEP_FIELDS) -> dict[str, Any]:

@@ -318,7 +318,7 @@ class Expression:
 
     __slots__ = (
         "_native", "_native_ids", "_rest", "_rest_reads", "comprehensions", "maps_whole", "program", "source",
-        "value_roots", "variables", "whole_roots", "words",
+        "trajectory_whole", "value_roots", "variables", "whole_roots", "words",
     )  # fmt: skip
 
     def __init__(self, source: str, allowed: Collection[str]) -> None:
@@ -362,6 +362,7 @@ class Expression:
         self.maps_whole = bool({"step", "steps"} & self.variables) and _reads_step_maps_whole(
             source, self.comprehensions
         )
+        self.trajectory_whole = "trajectory" in self.variables and _reads_map_whole(source, "trajectory")
         self.value_roots = VALUE_ROOTS if self.maps_whole else VALUE_ROOTS & self.words
         reads_values = self.value_roots or "ctx" in self.variables
         self.whole_roots = _whole_roots(source, self.maps_whole) if reads_values else frozenset[str]()
@@ -461,6 +462,17 @@ def _whole_roots(source: str, maps_whole: bool) -> frozenset[str]:
     a step map read whole (``maps_whole``, see ``_reads_step_maps_whole``) holds both."""
     whole = {m.group(1) for m in _WHOLE_READ.finditer(source)}
     return frozenset(whole | VALUE_ROOTS if maps_whole else whole)
+
+
+def _reads_map_whole(source: str, name: str) -> bool:
+    """Whether ``source`` reads the map variable ``name`` (``trajectory``) other than by a field
+    (``.x``, ``["x"]``): ``trajectory == {...}``, ``string(trajectory)``, ``'x' in trajectory``."""
+    tokens, _ = _tokens(source)
+    for i, (kind, text, _) in enumerate(tokens):
+        after = tokens[i + 1][1] if i + 1 < len(tokens) else ""
+        if kind == "ident" and text == name and not (i and tokens[i - 1][1] == ".") and after not in (".", "["):
+            return True
+    return False
 
 
 def _reads_step_maps_whole(source: str, nodes: list[Comprehension]) -> bool:
