@@ -611,13 +611,14 @@ class Assembler:
         taken back from it, in flight again, so that the span is in the session's verdict as in
         one delivery of them all. False (nothing done) for a trace that is not."""
         decided = self._decided[tid]
-        session = self._sessions.get(decided.session) if decided.session is not None else None
-        if session is None or decided.session is None:
+        key = decided.session
+        if key is None or key not in self._sessions:
             return False
+        session = self._sessions[key]
         part = next(p for p in session.parts if p.key == tid)
         session.parts.remove(part)
         if not session.parts:
-            del self._sessions[decided.session]
+            del self._sessions[key]
         self._by_activity[tid] = None
         self._take_back(part, decided, now)  # its bytes are counted: a session's stay held
         return True

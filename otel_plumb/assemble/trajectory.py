@@ -995,7 +995,7 @@ def _order_parallel_calls(steps: list[Step], asking: list[NormalisedSpan], clock
     for i, st in enumerate(steps):
         if st.kind == "tool" and st.source == "span" and st.tool_call_id in turn_of:
             turn, n = turn_of[st.tool_call_id]
-            turns.setdefault((turn, clocks.get(st.span_id, "") if clocks else ""), []).append((n, i))
+            turns.setdefault((turn, clocks.get(st.span_id, "")), []).append((n, i))
     for calls in turns.values():
         if len(calls) > 1:
             places = sorted(i for _, i in calls)

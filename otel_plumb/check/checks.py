@@ -141,13 +141,9 @@ class Run:
         call included: the caller tells it apart): from an index of those
         calls built on first use (O(steps) once, then O(log calls) a lookup), so an argument
         check that reads an earlier step stays linear in the trajectory."""
-        calls = self._calls.get(tools)
-        if calls is None:
-            made, maybe = split_calls(self.trajectory.steps, tools)
-            found = sorted(made + maybe, key=_index)
-            calls = self._calls[tools] = ([s.index for s in found], found)
-        at = bisect.bisect_left(calls[0], index)
-        return calls[1][at - 1] if at else None
+        indices, calls = self._calls_of(tools)
+        at = bisect.bisect_left(indices, index)
+        return calls[at - 1] if at else None
 
     def call_in_unknown_order(self, tools: Tools, step: Step) -> Step | None:
         """A call of ``tools`` (as ``last_call_before`` counts them) the trace cannot say started
@@ -155,8 +151,16 @@ class Run:
         t = self.trajectory
         if not t.start_bounds:
             return None
-        self.last_call_before(tools, step.index)  # builds the index of the calls
-        return next((c for c in self._calls[tools][1] if started_before(t, c, step) is None), None)
+        return next((c for c in self._calls_of(tools)[1] if started_before(t, c, step) is None), None)
+
+    def _calls_of(self, tools: Tools) -> tuple[list[int], list[Step]]:
+        """The calls of ``tools`` that may have succeeded, in step order, and their indices."""
+        calls = self._calls.get(tools)
+        if calls is None:
+            made, maybe = split_calls(self.trajectory.steps, tools)
+            found = sorted(made + maybe, key=_index)
+            calls = self._calls[tools] = ([s.index for s in found], found)
+        return calls
 
     def cel_steps(self, steps: Sequence[Step], fields: frozenset[str]) -> list[dict[str, Any]]:
         built = self._cel_steps.get(fields)
@@ -281,6 +285,7 @@ TRAJECTORY_FIELDS: Final[dict[str, Callable[[Trajectory, Run], Any]]] = {
 
 
 ALL_STEP_FIELDS: Final = frozenset(STEP_FIELDS)
+ALL_TRAJECTORY_FIELDS: Final = frozenset(TRAJECTORY_FIELDS)
 
 
 def step_fields(expression: Expression) -> frozenset[str]:
@@ -292,7 +297,7 @@ def step_fields(expression: Expression) -> frozenset[str]:
 def trajectory_fields(expression: Expression) -> frozenset[str]:
     """The fields of the trajectory map ``expression`` is given: those it names, or every one
     when it reads the map whole (``Expression.trajectory_whole``)."""
-    return frozenset(TRAJECTORY_FIELDS) if expression.trajectory_whole else expression.words
+    return ALL_TRAJECTORY_FIELDS if expression.trajectory_whole else expression.words
 
 
 def cel_step(s: Step, fields: frozenset[str] = ALL_STEP_FIELDS) -> dict[str, Any]:
@@ -423,8 +428,7 @@ def started_before(t: Trajectory, a: Step, b: Step) -> bool | None:
 def loose_steps(t: Trajectory, steps: Sequence[Step]) -> list[Step]:
     """Those of ``steps`` timed by one clock whose start the trace cannot place against another
     of ``steps`` of its trace timed by another (``started_before``), in step order; stops past
-    MAX_LOOSE_STEPS. A sweep over
-    the start bounds: O(steps log steps) plus the overlaps."""
+    MAX_LOOSE_STEPS. A sweep over the start bounds: O(steps log steps) plus the overlaps."""
     if not t.start_bounds:
         return []
     clocks = t.clocks
