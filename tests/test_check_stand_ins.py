@@ -251,6 +251,7 @@ def test_cel_reading_redacted_context_is_indeterminate(tmp_path: Path, check: st
         ("steps.exists(s, s != steps[0] && s.name == 'pay')", "pass", "fail"),
         ("steps.filter(s, s.name == 'pay') == []", "fail", "fail"),
         ("steps.map(s, s).exists(s, s == steps[2])", "pass", "pass"),
+        ("steps.exists(s, size(s) > 3)", "pass", "fail"),  # the size of a map: its fields
     ],
 )
 def test_step_maps_compared_whole_hold_every_field(tmp_path: Path, expr: str, verdict: str, today: str) -> None:

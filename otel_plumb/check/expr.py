@@ -359,10 +359,10 @@ class Expression:
         self._rest_reads = frozenset(self._rest.variables()) if self._rest is not None else frozenset[str]()
         # Where a stand-in may hide that it reads (see the module docstring): none of it, on the
         # hot path of an expression over the steps that names neither.
-        self.maps_whole = bool({"step", "steps"} & self.variables) and _reads_step_maps_whole(
-            source, self.comprehensions
+        self.maps_whole = bool({"step", "steps"} & self.variables) and _reads_whole(
+            source, _step_maps(self.comprehensions), ("steps",)
         )
-        self.trajectory_whole = "trajectory" in self.variables and _reads_map_whole(source, "trajectory")
+        self.trajectory_whole = "trajectory" in self.variables and _reads_whole(source, ("trajectory",), ())
         self.value_roots = VALUE_ROOTS if self.maps_whole else VALUE_ROOTS & self.words
         reads_values = self.value_roots or "ctx" in self.variables
         self.whole_roots = _whole_roots(source, self.maps_whole) if reads_values else frozenset[str]()
@@ -459,65 +459,64 @@ class Expression:
 
 def _whole_roots(source: str, maps_whole: bool) -> frozenset[str]:
     """Which of ``args``, ``result`` and ``ctx`` ``source`` may read whole (see ``_WHOLE_READ``);
-    a step map read whole (``maps_whole``, see ``_reads_step_maps_whole``) holds both."""
+    a step map read whole (``maps_whole``, see ``_reads_whole``) holds both."""
     whole = {m.group(1) for m in _WHOLE_READ.finditer(source)}
     return frozenset(whole | VALUE_ROOTS if maps_whole else whole)
 
 
-def _reads_map_whole(source: str, name: str) -> bool:
-    """Whether ``source`` reads the map variable ``name`` (``trajectory``) other than by a field
-    (``.x``, ``["x"]``): ``trajectory == {...}``, ``string(trajectory)``, ``'x' in trajectory``."""
-    tokens, _ = _tokens(source)
-    for i, (kind, text, _) in enumerate(tokens):
-        after = tokens[i + 1][1] if i + 1 < len(tokens) else ""
-        if kind == "ident" and text == name and not (i and tokens[i - 1][1] == ".") and after not in (".", "["):
-            return True
-    return False
-
-
-def _reads_step_maps_whole(source: str, nodes: list[Comprehension]) -> bool:
-    """Whether ``source`` may read a step map whole, not only field by field: ``string(step)``,
-    ``s == t``, ``steps[0] == steps[1]``, ``steps.filter(...) == []``, ``steps.map(s, s)``. Then
-    each map must hold every field (a map of the fields it names alone would compare equal to
-    another step's), and its values may hold stand-ins. Over the tokens: every ``step``,
-    ``steps`` or variable ranging over the steps is followed along its postfix chain (an index
-    into the list, ``filter`` of it) until a field is selected, a macro that gives no maps
-    (``all``, ``exists``, ``exists_one``, ``map``) is called or it is sized; any other end is a
-    whole read. An over-estimate, as a read of a field named like a macro counts too."""
-    maps = {"step", "steps"}
+def _step_maps(nodes: list[Comprehension]) -> set[str]:
+    """``step``, and the variables of the comprehensions ranging over the steps."""
+    maps = {"step"}
     todo = list(nodes)
     while todo:
         node = todo.pop()
         todo.extend(node.children)
         if node.root == "steps" and not node.bound and node.var is not None:
             maps.add(node.var)
+    return maps
+
+
+def _reads_whole(source: str, maps: Collection[str], lists: Collection[str]) -> bool:
+    """Whether ``source`` may read a map of ``maps`` (or of a list of maps in ``lists``) whole,
+    not only field by field: ``string(step)``, ``s == t``, ``steps[0] == steps[1]``,
+    ``steps.filter(...) == []``, ``steps.map(s, s)``, ``size(trajectory)``. Then the map must
+    hold every field (a map of the fields an expression names alone compares equal to another's),
+    and its values may hold stand-ins. Over the tokens: each name is followed along its postfix
+    chain (an index into a list, ``filter`` of it) until a field is selected, a list macro that
+    gives no maps (``all``, ``exists``, ``exists_one``, ``map``) is called or a list is sized;
+    any other end is a whole read. An over-estimate: a field named like a macro counts too."""
     tokens, match = _tokens(source)
     closing = {v: k for k, v in match.items()}
     n = len(tokens)
     for i, (kind, text, _) in enumerate(tokens):
-        if kind != "ident" or text not in maps or (i and tokens[i - 1][1] == "."):
+        if kind != "ident" or (text not in maps and text not in lists) or (i and tokens[i - 1][1] == "."):
             continue
         declared = i + 1 == n or tokens[i + 1][1] == ","
         if i >= 2 and tokens[i - 1][1] == "(" and tokens[i - 2][1] in _MACROS and declared:
             continue  # where a comprehension declares it
-        is_list, j = text == "steps", i + 1
+        is_list, j = text in lists, i + 1
         while True:
             nxt = tokens[j][1] if j < n else ""
+            called = j + 2 < n and tokens[j + 2][1] == "("
             if nxt == "[" and j in closing:
                 if not is_list:
                     break  # a field by its key
                 is_list, j = False, closing[j] + 1
             elif nxt == "." and j + 1 < n and tokens[j + 1][0] == "ident":
                 name = tokens[j + 1][1]
-                if not is_list or name in ("all", "exists", "exists_one", "map", "size"):
-                    break  # a field, or no maps out
-                if name == "filter" and j + 2 < n and tokens[j + 2][1] == "(" and j + 2 in closing:
+                if not is_list:
+                    if called:
+                        return True  # a method of the map (its size)
+                    break  # a field
+                if name in ("all", "exists", "exists_one", "map", "size"):
+                    break  # no maps out
+                if name == "filter" and called and j + 2 in closing:
                     j = closing[j + 2] + 1
                     continue
                 return True  # another method of the list
             else:
-                if _sized(tokens, match, i, j - 1) is None:
-                    return True
+                if not is_list or _sized(tokens, match, i, j - 1) is None:
+                    return True  # the map as a value, or sized: its fields counted
                 break
     return False
 
